@@ -1,0 +1,87 @@
+"""Input checks shared by the public functions. Each raises before any launch
+with a message that names the offending value."""
+import numpy as np
+
+from . import _arrays
+
+MAX_HEAD_SIZE = 256
+
+
+def shape_of(x):
+    return tuple(int(s) for s in x.shape)
+
+
+def check_ndim(name, x, ndim, meaning):
+    if len(x.shape) != ndim:
+        raise ValueError(f"{name} must be {meaning}, but got shape {shape_of(x)}.")
+
+
+def check_dtype(name, x, expected):
+    if np.dtype(x.dtype) != np.dtype(expected):
+        raise ValueError(
+            f"{name} must have the same dtype as the cache, but got {np.dtype(x.dtype).name} "
+            f"and {np.dtype(expected).name}.")
+
+
+def check_head_size(head_size):
+    if head_size % 8 or not 8 <= head_size <= MAX_HEAD_SIZE:
+        raise ValueError(
+            f"head_size must be a multiple of 8 in [8, {MAX_HEAD_SIZE}], but got {head_size}.")
+
+
+def check_cache(cache):
+    for attr in ("key_cache", "value_cache", "block_size", "num_blocks", "num_kv_heads",
+                 "head_size", "dtype", "layout"):
+        if not hasattr(cache, attr):
+            raise TypeError(f"cache must be a PagedKVCache, but got {type(cache).__name__}.")
+
+
+def check_int_array(name, x):
+    if not np.issubdtype(np.dtype(x.dtype), np.integer):
+        raise ValueError(f"{name} must hold integers, but got dtype {np.dtype(x.dtype).name}.")
+
+
+def check_tables(block_tables, seq_lens, num_blocks, block_size):
+    """Check a padded block table ``[num_seqs, max_blocks]`` against ``seq_lens``
+    ``[num_seqs]`` (host arrays): every used entry is a block id in
+    ``[0, num_blocks)`` and every sequence fits in its row."""
+    num_seqs, max_blocks = block_tables.shape
+    if seq_lens.shape != (num_seqs,):
+        raise ValueError(
+            f"seq_lens must be [num_seqs] = [{num_seqs}], but got shape {shape_of(seq_lens)}.")
+    if num_seqs == 0:
+        return
+    bad = np.flatnonzero(seq_lens < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"seq_lens[{i}] is {int(seq_lens[i])}; sequence lengths must be >= 0.")
+    used = -(-seq_lens.astype(np.int64) // block_size)
+    over = np.flatnonzero(used > max_blocks)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(
+            f"seq_lens[{i}] = {int(seq_lens[i])} needs {int(used[i])} blocks of {block_size} "
+            f"tokens, but the block table has only {max_blocks} columns.")
+    in_use = np.arange(max_blocks)[None, :] < used[:, None]
+    bad_entry = in_use & ((block_tables < 0) | (block_tables >= num_blocks))
+    if bad_entry.any():
+        i, j = (int(a[0]) for a in np.nonzero(bad_entry))
+        raise ValueError(
+            f"block_tables[{i}, {j}] is {int(block_tables[i, j])}, but sequence {i} "
+            f"(seq_len {int(seq_lens[i])}) uses its first {int(used[i])} entries, which must "
+            f"be block ids in [0, {num_blocks}).")
+
+
+def host_int32(name, x):
+    """Host int32 copy of an integer array (for checks), and the array to launch
+    with: NumPy input is converted to int32, device input must already be int32."""
+    check_int_array(name, x)
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int32), x.astype(np.int32)
+    if np.dtype(x.dtype) != np.int32:
+        raise ValueError(f"{name} on the device must be int32, but got {np.dtype(x.dtype).name}.")
+    return None, x
+
+
+def host_copy(x):
+    return np.asarray(_arrays.to_host(x))

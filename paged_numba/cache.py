@@ -1,0 +1,138 @@
+"""The paged KV cache: one pool of fixed-size blocks for keys and one for values."""
+import numpy as np
+
+from . import _arrays
+from .layouts import DTYPES, cache_shapes, check_layout, from_nhd, infer_geometry, to_nhd
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, but got {value!r}.")
+    return int(value)
+
+
+class PagedKVCache:
+    """A KV cache split into ``num_blocks`` blocks of ``block_size`` tokens.
+
+    Parameters
+    ----------
+    num_blocks : int
+        Physical blocks in the pool.
+    block_size : int
+        Tokens per block.
+    num_kv_heads : int
+        Key/value heads.
+    head_size : int
+        Elements per head.
+    dtype : {"float16", "float32"}
+        Element type of keys and values.
+    layout : {"nhd", "vllm"}
+        ``"nhd"``: key and value ``[num_blocks, block_size, num_kv_heads, head_size]``.
+        ``"vllm"``: key ``[num_blocks, num_kv_heads, head_size // x, block_size, x]``
+        with ``x = 16 // itemsize``, value ``[num_blocks, num_kv_heads, head_size, block_size]``.
+
+    Attributes
+    ----------
+    key_cache, value_cache : device arrays
+        The pools, zero-initialised, in ``layout``.
+
+    Examples
+    --------
+    >>> from paged_numba import PagedKVCache
+    >>> cache = PagedKVCache(num_blocks=4, block_size=16, num_kv_heads=2, head_size=64)
+    >>> cache.key_cache.shape
+    (4, 16, 2, 64)
+    >>> cache.nbytes
+    32768
+    """
+
+    def __init__(self, num_blocks, block_size, num_kv_heads, head_size,
+                 dtype="float16", layout="nhd"):
+        self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.block_size = _positive_int("block_size", block_size)
+        self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
+        self.head_size = _positive_int("head_size", head_size)
+        if np.dtype(dtype).name not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, but got {dtype!r}.")
+        self.dtype = np.dtype(dtype)
+        check_layout(layout)
+        self.layout = layout
+        self.key_shape, self.value_shape = cache_shapes(
+            layout, self.num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.dtype)
+        self.key_cache = _arrays.zeros(self.key_shape, self.dtype)
+        self.value_cache = _arrays.zeros(self.value_shape, self.dtype)
+
+    @classmethod
+    def from_host(cls, key_cache, value_cache, layout="nhd"):
+        """A cache holding copies of host pools ``key_cache``/``value_cache`` in ``layout``."""
+        key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
+        if key_cache.dtype != value_cache.dtype:
+            raise ValueError(
+                "key_cache and value_cache must have the same dtype, but got "
+                f"{key_cache.dtype} and {value_cache.dtype}.")
+        geometry = infer_geometry(key_cache.shape, value_cache.shape, layout, key_cache.dtype)
+        cache = cls(*geometry, dtype=key_cache.dtype, layout=layout)
+        cache.key_cache.copy_to_device(np.ascontiguousarray(key_cache))
+        cache.value_cache.copy_to_device(np.ascontiguousarray(value_cache))
+        return cache
+
+    @property
+    def num_slots(self):
+        """Token slots in the pool (``num_blocks * block_size``)."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self):
+        """Bytes held by both pools."""
+        return 2 * self.num_slots * self.num_kv_heads * self.head_size * self.dtype.itemsize
+
+    def to_host(self, layout="nhd"):
+        """Copy both pools to the host, converted to ``layout``."""
+        k, v = to_nhd(self.key_cache.copy_to_host(), self.value_cache.copy_to_host(), self.layout)
+        return from_nhd(k, v, layout)
+
+    def gather(self, block_table_row, seq_len):
+        """Un-page one sequence: its keys and values in token order.
+
+        Parameters
+        ----------
+        block_table_row : array_like of int, ``[max_blocks]``
+            Physical block of each logical block (``-1`` past the used ones).
+        seq_len : int
+            Tokens to return.
+
+        Returns
+        -------
+        K, V : numpy.ndarray, each ``[seq_len, num_kv_heads, head_size]``
+        """
+        row = np.asarray(_arrays.to_host(block_table_row)).reshape(-1)
+        seq_len = int(seq_len)
+        used = -(-seq_len // self.block_size)
+        if seq_len < 0 or used > row.size:
+            raise ValueError(
+                f"seq_len={seq_len} needs {used} blocks, but the block table row has {row.size}.")
+        blocks = [int(b) for b in row[:used]]
+        for j, b in enumerate(blocks):
+            if not 0 <= b < self.num_blocks:
+                raise ValueError(
+                    f"block table entry {j} is {b}, outside [0, {self.num_blocks}).")
+        shape = (seq_len, self.num_kv_heads, self.head_size)
+        if used == 0:
+            return np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
+        ks, vs = [], []
+        for b in blocks:  # one small copy per block: this is a debugging aid
+            k, v = to_nhd(self.key_cache[b:b + 1].copy_to_host(),
+                          self.value_cache[b:b + 1].copy_to_host(), self.layout)
+            ks.append(k[0])
+            vs.append(v[0])
+        k = np.concatenate(ks)[:seq_len]
+        v = np.concatenate(vs)[:seq_len]
+        return k, v
+
+    def __repr__(self):
+        mib = self.nbytes / 2**20
+        return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
+                f"dtype={self.dtype.name}, layout={self.layout!r}, slots={self.num_slots}, "
+                f"key{list(self.key_shape)} + value{list(self.value_shape)} = "
+                f"{self.nbytes} bytes ({mib:.2f} MiB))")

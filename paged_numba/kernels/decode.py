@@ -1,0 +1,320 @@
+"""Paged decode attention: one query token per sequence, K/V read through a block table.
+
+NumPy spec of what one launch computes, for sequence ``s``, query head ``h``,
+KV head ``g = h // (num_heads // num_kv_heads)`` and partition ``p`` (tokens
+``[p * partition_size, min((p + 1) * partition_size, seq_lens[s]))``)::
+
+    K, V = keys and values of those tokens, found via block_tables[s]
+    z = scale * K[:, g] @ query[s, h]              # logits, fp32
+    m = z.max(); l = exp(z - m).sum()
+    out[s, p, h] = exp(z - m) @ V[:, g] / l        # 0 when the partition is empty
+    lse[s, p, h] = m + log(l)                      # -inf when the partition is empty
+
+With one partition that is the attention output itself; with several, the
+partials are combined by ``kernels.merge`` with the (m, l) rule.
+
+Structure (vLLM's kernel, with the KV head's query group handled together so
+that each K/V element is read from memory once for ``HPB`` query heads):
+
+* grid ``(num_heads // HPB, num_seqs, num_partitions)``, ``NUM_WARPS`` warps;
+* the ``HPB`` query vectors (pre-scaled) sit in shared memory;
+* the partition is walked in chunks of ``CHUNK`` tokens: logits of a chunk go to
+  shared memory, the chunk max and exp-sum are reduced with ``shfl_xor_sync``
+  inside warps and through shared memory across warps, and the running
+  output is rescaled by ``exp(m_old - m_new)`` (online softmax) so shared
+  memory does not grow with the context;
+* P @ V is accumulated in fp32 registers, one 16-byte vector of head
+  elements per lane, then summed across token slots (shuffles inside a warp,
+  a shared-memory tree across warps).
+"""
+import functools
+import math
+
+from numba import config, cuda, float32
+
+FULL_MASK = 0xFFFFFFFF
+NEG_INF = float32(-math.inf)
+
+
+def device_function(fn):
+    """Compile ``fn`` as an inlined device function; under the simulator keep
+    the plain Python function (the simulator's device-call wrapper costs more
+    than the element access it wraps)."""
+    if config.ENABLE_CUDASIM:
+        return fn
+    return cuda.jit(device=True, inline=True)(fn)
+
+
+def _pow2_floor(n):
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+@functools.cache
+def element_accessors(layout, vec):
+    """Device functions ``(k_at, v_at, k_put, v_put)`` for one cache layout.
+
+    ``k_at(key_cache, block, kv_head, offset, d)`` reads element ``d`` of the
+    token at ``offset`` in physical ``block``; the ``put`` forms write one.
+    """
+    X = vec
+    if layout == "nhd":
+
+        @device_function
+        def k_at(kc, blk, h, off, d):
+            return kc[blk, off, h, d]
+
+        @device_function
+        def v_at(vc, blk, h, off, d):
+            return vc[blk, off, h, d]
+
+        @device_function
+        def k_put(kc, blk, h, off, d, x):
+            kc[blk, off, h, d] = x
+
+        @device_function
+        def v_put(vc, blk, h, off, d, x):
+            vc[blk, off, h, d] = x
+
+    elif layout == "vllm":
+
+        @device_function
+        def k_at(kc, blk, h, off, d):
+            return kc[blk, h, d // X, off, d % X]
+
+        @device_function
+        def v_at(vc, blk, h, off, d):
+            return vc[blk, h, d, off]
+
+        @device_function
+        def k_put(kc, blk, h, off, d, x):
+            kc[blk, h, d // X, off, d % X] = x
+
+        @device_function
+        def v_put(vc, blk, h, off, d, x):
+            vc[blk, h, d, off] = x
+
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    return k_at, v_at, k_put, v_put
+
+
+@functools.cache
+def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
+                  num_warps=4, chunk=256):
+    """Compile-time specialised decode kernel.
+
+    Kernel arguments: ``out [num_seqs, num_partitions, num_heads, head_size]``,
+    ``lse [num_seqs, num_partitions, num_heads]`` float32, ``query
+    [num_seqs, num_heads, head_size]``, ``key_cache``, ``value_cache``,
+    ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
+    int32, ``scale`` float32, ``partition_size`` int32. Launch with grid
+    ``(num_heads // heads_per_block, num_seqs, num_partitions)`` and
+    ``32 * num_warps`` threads.
+    """
+    HEAD_SIZE = head_size
+    BLOCK_SIZE = block_size
+    HPB = heads_per_block                 # query heads sharing one K/V read
+    VEC = 16 // itemsize                  # elements in a 16-byte vector
+    NVEC = HEAD_SIZE // VEC               # vectors in one head row
+    NW = num_warps
+    NT = 32 * NW
+    CHUNK = chunk
+    # QK: TGS lanes share one token, each lane takes every TGS-th vector.
+    TGS = min(4, _pow2_floor(NVEC))
+    QK_VPL = -(-NVEC // TGS)
+    QK_TOKENS = NT // TGS
+    # PV: LPR lanes cover one token's row, PV_SLOTS tokens in flight per block.
+    LPR = min(32, _pow2_floor(NVEC))
+    PV_VPL = -(-NVEC // LPR)
+    PV_SLOTS = NT // LPR
+    ACC = PV_VPL * VEC
+    RED_W = max(NW // 2, 1)
+    KV_HEAD_AXIS = 2 if layout == "nhd" else 1
+    assert HEAD_SIZE % VEC == 0 and CHUNK % QK_TOKENS == 0 and NW & (NW - 1) == 0
+    k_at, v_at, _, _ = element_accessors(layout, VEC)
+
+    @cuda.jit(fastmath=False)
+    def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                            seq_lens, scale, partition_size):
+        hb = cuda.blockIdx.x
+        seq = cuda.blockIdx.y
+        part = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
+        h0 = hb * HPB
+        kvh = h0 // group
+        start = part * partition_size
+        end = min(start + partition_size, seq_lens[seq])
+
+        q_s = cuda.shared.array((HPB, HEAD_SIZE), float32)
+        p_s = cuda.shared.array((HPB, CHUNK), float32)
+        red_s = cuda.shared.array((NW, HPB), float32)
+        acc_s = cuda.shared.array((RED_W, HPB, HEAD_SIZE), float32)
+
+        # -- stage the scaled queries of the group
+        for i in range(tid, HPB * HEAD_SIZE, NT):
+            hh = i // HEAD_SIZE
+            d = i % HEAD_SIZE
+            q_s[hh, d] = float32(query[seq, h0 + hh, d]) * scale
+
+        acc = cuda.local.array((HPB, ACC), float32)
+        m_run = cuda.local.array(HPB, float32)
+        l_run = cuda.local.array(HPB, float32)
+        alpha = cuda.local.array(HPB, float32)
+        qk = cuda.local.array(HPB, float32)
+        for hh in range(HPB):
+            m_run[hh] = NEG_INF
+            l_run[hh] = 0.0
+            for j in range(ACC):
+                acc[hh, j] = 0.0
+        cuda.syncthreads()  # wait for q_s
+
+        g_lane = tid % TGS
+        g_tok = tid // TGS
+        pv_lane = tid % LPR
+        pv_slot = tid // LPR
+
+        for c0 in range(start, end, CHUNK):
+            n = min(CHUNK, end - c0)
+            # -- qk: one logit per (head, token) of the chunk
+            for base in range(0, n, QK_TOKENS):   # uniform trip count: shuffles below
+                tl = base + g_tok
+                for hh in range(HPB):
+                    qk[hh] = 0.0
+                if tl < n:
+                    t = c0 + tl
+                    blk = block_tables[seq, t // BLOCK_SIZE]
+                    off = t % BLOCK_SIZE
+                    for i in range(QK_VPL):
+                        v = g_lane + i * TGS
+                        if v < NVEC:
+                            for e in range(VEC):
+                                d = v * VEC + e
+                                kx = float32(k_at(key_cache, blk, kvh, off, d))
+                                for hh in range(HPB):
+                                    qk[hh] += q_s[hh, d] * kx
+                for hh in range(HPB):
+                    x = qk[hh]
+                    o = TGS // 2
+                    while o > 0:
+                        x += cuda.shfl_xor_sync(FULL_MASK, x, o)
+                        o //= 2
+                    if tl < n and g_lane == 0:
+                        p_s[hh, tl] = x
+            cuda.syncthreads()  # wait for the chunk's logits
+
+            # -- chunk max per head: warp shuffles, then across warps
+            for hh in range(HPB):
+                mx = NEG_INF
+                for tl in range(tid, n, NT):
+                    mx = max(mx, p_s[hh, tl])
+                o = 16
+                while o > 0:
+                    mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, o))
+                    o //= 2
+                if lane == 0:
+                    red_s[warp, hh] = mx
+            cuda.syncthreads()  # wait for per-warp maxima
+            for hh in range(HPB):
+                mx = red_s[0, hh]
+                for w in range(1, NW):
+                    mx = max(mx, red_s[w, hh])
+                m_new = max(m_run[hh], mx)
+                alpha[hh] = math.exp(m_run[hh] - m_new)
+                m_run[hh] = m_new
+            cuda.syncthreads()  # everyone has read red_s before it is reused
+
+            # -- probabilities and their sum
+            for hh in range(HPB):
+                s = float32(0.0)
+                for tl in range(tid, n, NT):
+                    p = math.exp(p_s[hh, tl] - m_run[hh])
+                    p_s[hh, tl] = p
+                    s += p
+                o = 16
+                while o > 0:
+                    s += cuda.shfl_xor_sync(FULL_MASK, s, o)
+                    o //= 2
+                if lane == 0:
+                    red_s[warp, hh] = s
+            cuda.syncthreads()  # wait for probabilities and per-warp sums
+            for hh in range(HPB):
+                s = red_s[0, hh]
+                for w in range(1, NW):
+                    s += red_s[w, hh]
+                l_run[hh] = l_run[hh] * alpha[hh] + s
+                for j in range(ACC):
+                    acc[hh, j] *= alpha[hh]
+
+            # -- pv: this lane's vectors of the output rows
+            for tl in range(pv_slot, n, PV_SLOTS):
+                t = c0 + tl
+                blk = block_tables[seq, t // BLOCK_SIZE]
+                off = t % BLOCK_SIZE
+                for i in range(PV_VPL):
+                    v = pv_lane + i * LPR
+                    if v < NVEC:
+                        for e in range(VEC):
+                            vx = float32(v_at(value_cache, blk, kvh, off, v * VEC + e))
+                            for hh in range(HPB):
+                                acc[hh, i * VEC + e] += p_s[hh, tl] * vx
+            cuda.syncthreads()  # p_s and red_s are free for the next chunk
+
+        # epilogue: sum the token slots of a warp ...
+        o = 16
+        while o >= LPR:
+            for hh in range(HPB):
+                for j in range(ACC):
+                    acc[hh, j] += cuda.shfl_xor_sync(FULL_MASK, acc[hh, j], o)
+            o //= 2
+        # ... then across warps through shared memory
+        stride = NW // 2
+        while stride > 0:
+            if warp >= stride and warp < 2 * stride and lane < LPR:
+                for i in range(PV_VPL):
+                    v = pv_lane + i * LPR
+                    if v < NVEC:
+                        for e in range(VEC):
+                            for hh in range(HPB):
+                                acc_s[warp - stride, hh, v * VEC + e] = acc[hh, i * VEC + e]
+            cuda.syncthreads()  # wait for the upper warps' partial sums
+            if warp < stride and lane < LPR:
+                for i in range(PV_VPL):
+                    v = pv_lane + i * LPR
+                    if v < NVEC:
+                        for e in range(VEC):
+                            for hh in range(HPB):
+                                acc[hh, i * VEC + e] += acc_s[warp, hh, v * VEC + e]
+            cuda.syncthreads()  # acc_s is free for the next level
+            stride //= 2
+
+        if warp == 0 and lane < LPR:
+            for hh in range(HPB):
+                inv = float32(0.0)
+                if l_run[hh] > 0.0:
+                    inv = float32(1.0) / l_run[hh]
+                for i in range(PV_VPL):
+                    v = pv_lane + i * LPR
+                    if v < NVEC:
+                        for e in range(VEC):
+                            out[seq, part, h0 + hh, v * VEC + e] = acc[hh, i * VEC + e] * inv
+        if tid < HPB:
+            if l_run[tid] > 0.0:
+                lse[seq, part, h0 + tid] = m_run[tid] + math.log(l_run[tid])
+            else:
+                lse[seq, part, h0 + tid] = NEG_INF
+
+    return paged_decode_kernel
+
+
+def heads_per_block(group_size, limit=8):
+    """Largest divisor of the GQA group size that is at most ``limit``."""
+    for hpb in range(min(group_size, limit), 0, -1):
+        if group_size % hpb == 0:
+            return hpb
+    return 1

@@ -1,0 +1,79 @@
+"""Public KV scatter: validate, then launch ``kernels.write_kv``."""
+import numpy as np
+
+from . import _arrays
+from . import _validate as V
+from .kernels.write_kv import write_kv_kernel
+from .layouts import vector_width
+
+
+def write_kv(cache, key, value, slot_mapping, *, validate=True):
+    """Write new tokens' keys and values into their cache slots, in place.
+
+    One launch covers prefill (many tokens of one sequence) and decode (one
+    token for each of many sequences): token ``t`` goes to slot
+    ``slot_mapping[t] = physical_block * block_size + offset``.
+
+    Parameters
+    ----------
+    cache : PagedKVCache
+    key, value : arrays, ``[num_tokens, num_kv_heads, head_size]``
+        NumPy or CUDA arrays of the cache's dtype.
+    slot_mapping : array of int, ``[num_tokens]``
+        Slot of each token; ``-1`` marks a padding token, which is skipped.
+    validate : bool
+        Check shapes, dtypes and slots (in ``[-1, num_slots)``, no slot twice)
+        before launching; device slot mappings are copied to the host for it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from paged_numba import PagedKVCache, write_kv
+    >>> cache = PagedKVCache(num_blocks=2, block_size=4, num_kv_heads=1, head_size=8)
+    >>> k = np.ones((3, 1, 8), np.float16)
+    >>> write_kv(cache, k, 2 * k, np.array([5, -1, 0]))   # block 1 offset 1; skip; block 0 offset 0
+    >>> K, V = cache.gather([1, 0], 8)                    # logical order: block 1 then block 0
+    >>> K[:, 0, 0].tolist(), V[:, 0, 0].tolist()
+    ([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0])
+    """
+    V.check_cache(cache)
+    k, _ = _arrays.as_device(key, "key")
+    v, _ = _arrays.as_device(value, "value")
+    expected = (cache.num_kv_heads, cache.head_size)
+    for name, x in (("key", k), ("value", v)):
+        V.check_ndim(name, x, 3, "[num_tokens, num_kv_heads, head_size]")
+        if V.shape_of(x)[1:] != expected:
+            raise ValueError(
+                f"{name} must be [num_tokens, {expected[0]}, {expected[1]}] for this cache, "
+                f"but got {V.shape_of(x)}.")
+        V.check_dtype(name, x, cache.dtype)
+    if V.shape_of(k) != V.shape_of(v):
+        raise ValueError(
+            f"key and value must have the same shape, but got {V.shape_of(k)} and {V.shape_of(v)}.")
+    num_tokens = k.shape[0]
+    V.check_int_array("slot_mapping", slot_mapping)
+    if len(slot_mapping.shape) != 1 or slot_mapping.shape[0] != num_tokens:
+        raise ValueError(
+            f"slot_mapping must be [num_tokens] = [{num_tokens}], but got shape "
+            f"{V.shape_of(slot_mapping)}.")
+    if isinstance(slot_mapping, np.ndarray):
+        slots_host = slot_mapping.astype(np.int64)
+        slots, _ = _arrays.as_device(slots_host, "slot_mapping")
+    else:
+        slots, _ = _arrays.as_device(slot_mapping, "slot_mapping")
+        slots_host = slots.copy_to_host() if validate else None
+    if validate and num_tokens:
+        bad = np.flatnonzero((slots_host < -1) | (slots_host >= cache.num_slots))
+        if bad.size:
+            t = int(bad[0])
+            raise ValueError(
+                f"slot_mapping[{t}] is {int(slots_host[t])}, outside [0, {cache.num_slots}) "
+                f"(-1 marks padding).")
+        real = slots_host[slots_host >= 0]
+        uniq, counts = np.unique(real, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"slot {int(uniq[counts > 1][0])} appears more than once in slot_mapping.")
+    if num_tokens:
+        kernel = write_kv_kernel(cache.block_size, cache.layout, vector_width(cache.dtype))
+        kernel[num_tokens, 128](cache.key_cache, cache.value_cache, k, v, slots)

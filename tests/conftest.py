@@ -1,0 +1,20 @@
+"""Test setup: the simulator is chosen on a machine without a GPU (importing
+paged_numba does that), and hypothesis gets two profiles:
+
+* ``ci``: few, small examples, for Numba's CUDA simulator (the default there);
+* ``gpu``: thousands of examples with big shapes (the default on a GPU).
+
+Choose one with ``HYPOTHESIS_PROFILE=ci|gpu``.
+"""
+import os
+
+import paged_numba  # noqa: F401  (switches the simulator on where there is no GPU)
+from hypothesis import HealthCheck, settings
+
+_slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=8, deadline=None, suppress_health_check=_slow,
+                          print_blob=True)
+settings.register_profile("gpu", max_examples=1000, deadline=None,
+                          suppress_health_check=_slow, print_blob=True)
+settings.load_profile(os.environ.get(
+    "HYPOTHESIS_PROFILE", "ci" if paged_numba.simulator_enabled() else "gpu"))

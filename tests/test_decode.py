@@ -1,0 +1,158 @@
+"""paged_decode and merge_states against the float64 dense reference."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, note
+from hypothesis import strategies as st
+
+import paged_numba as pn
+from paged_numba.reference import attention
+from paged_numba.testing import DecodeProblem, check_close, decode_problems, decode_references
+
+SIM = pn.simulator_enabled()
+# The simulator runs every CUDA thread as a Python thread: keep its shapes small.
+SHAPES = (dict(head_sizes=(16, 32, 64), max_seq_len=80, max_seqs=3, max_kv_heads=2,
+               groups=(1, 2, 4))
+          if SIM else
+          dict(head_sizes=(8, 64, 80, 96, 112, 128, 256), max_seq_len=3000, max_seqs=8,
+               max_kv_heads=4))
+
+
+def _problem(seq_lens, table, block_size, head_size=64, num_heads=2, num_kv_heads=1,
+             layout="nhd", dtype="float16", seed=0):
+    table = np.asarray(table, np.int32)
+    return DecodeProblem(
+        num_seqs=len(seq_lens), num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_size=head_size, block_size=block_size, num_blocks=int(table.max()) + 1,
+        layout=layout, dtype=dtype, seq_lens=np.asarray(seq_lens, np.int32),
+        block_tables=table, seed=seed)
+
+
+# The seeds' examples: a 60-token request in blocks [7, 1, 12, 4] of 16 tokens
+# (60 = 3 * 16 + 12), and three sequences with 30, 32 and 70 cached tokens
+# plus one new token each in blocks of 32 (31 fits block 2; 33 = 32 + 1 needs
+# blocks 0 and 1; 71 = 2 * 32 + 7 needs blocks 3, 5 and 6).
+SEED_60 = _problem([60], [[7, 1, 12, 4]], 16)
+SEED_BATCH = _problem([31, 33, 71], [[2, -1, -1, -1], [0, 1, -1, -1], [3, 5, 6, -1]], 32,
+                      num_heads=4, num_kv_heads=2)
+
+
+def run_decode(p, num_partitions=None):
+    q, k, v = p.arrays()
+    kc, vc = p.layout_pools(k, v)
+    cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
+    out, lse = pn.paged_decode(q, cache, p.block_tables, p.seq_lens,
+                               num_partitions=num_partitions, return_lse=True)
+    return (q, k, v), out, lse
+
+
+@example(SEED_60, None)
+@example(SEED_60, 3)
+@example(SEED_BATCH, 1)
+@example(SEED_BATCH, 2)
+@given(decode_problems(**SHAPES), st.one_of(st.none(), st.integers(1, 4)))
+def test_decode_matches_reference(p, num_partitions):
+    (q, k, v), out, lse = run_decode(p, num_partitions)
+    (ref, ref_lse), (ref32, ref32_lse) = decode_references(p, q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    err = check_close(out, ref, ref32)
+    note(f"max error {err:.3g}")
+    finite = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(lse), finite)
+    check_close(lse[finite], ref_lse[finite], ref32_lse[finite], "lse")
+
+
+@given(decode_problems(**SHAPES), st.randoms(use_true_random=False))
+def test_decode_independent_of_block_placement(p, rnd):
+    """Moving the physical blocks (and the table with them) changes nothing, bit for bit."""
+    (q, k, v), out, _ = run_decode(p)
+    perm = list(range(p.num_blocks))
+    rnd.shuffle(perm)
+    perm = np.array(perm)                       # block b moves to perm[b]
+    k2, v2 = np.empty_like(k), np.empty_like(v)
+    k2[perm], v2[perm] = k, v
+    table = np.where(p.block_tables >= 0, perm[p.block_tables], -1).astype(np.int32)
+    kc, vc = p.layout_pools(k2, v2)
+    cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
+    out2 = pn.paged_decode(q, cache, table, p.seq_lens)
+    assert np.array_equal(out, out2)
+
+
+def test_empty_sequence_gets_zeros():
+    p = _problem([0, 5, 0], [[-1], [3], [-1]], 8, head_size=16)
+    (q, k, v), out, lse = run_decode(p)
+    assert np.all(out[0] == 0) and np.all(out[2] == 0)
+    assert np.all(np.isneginf(lse[[0, 2]]))
+    (ref, _), (ref32, _) = decode_references(p, q, k, v)
+    check_close(out, ref, ref32)
+
+
+def test_device_arrays_in_device_array_out():
+    p = _problem([9, 17], [[1, 0, -1], [2, 4, 3]], 8, head_size=16, num_heads=4, num_kv_heads=4)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    from numba import cuda
+    out = pn.paged_decode(cuda.to_device(q), cache, cuda.to_device(p.block_tables),
+                          cuda.to_device(p.seq_lens))
+    assert not isinstance(out, np.ndarray)
+    (ref, _), (ref32, _) = decode_references(p, q, k, v)
+    check_close(out.copy_to_host(), ref, ref32)
+
+
+def test_custom_scale_and_partition_count_agree():
+    p = _problem([40], [[4, 2, 0, 1, 3]], 8, head_size=32, num_heads=2, num_kv_heads=2,
+                 dtype="float32")
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    outs = [pn.paged_decode(q, cache, p.block_tables, p.seq_lens, scale=0.3, num_partitions=n)
+            for n in (1, 2, 5)]
+    (ref, _), (ref32, _) = decode_references(p, q, k, v, scale=0.3)
+    for out in outs:
+        check_close(out, ref, ref32)
+
+
+@st.composite
+def split_states(draw):
+    """Attention over keys cut into parts: the parts' states, and the whole."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rows, heads, dim = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([8, 16]))
+    sizes = draw(st.lists(st.integers(0, 9), min_size=1, max_size=4))
+    q = rng.standard_normal((rows, heads, dim))
+    ks = [rng.standard_normal((n, heads, dim)) * 2 for n in sizes]
+    vs = [rng.standard_normal((n, heads, dim)) for n in sizes]
+    parts = [[attention(q[i:i + 1], k, v, 1.0) for k, v in zip(ks, vs)] for i in range(rows)]
+    v_states = np.array([[o[0] for o, _ in row] for row in parts])      # [rows, S, heads, dim]
+    s_states = np.array([[s[0] for _, s in row] for row in parts])      # [rows, S, heads]
+    k_all, v_all = np.concatenate(ks), np.concatenate(vs)
+    whole = [attention(q[i:i + 1], k_all, v_all, 1.0) for i in range(rows)]
+    return v_states, s_states, np.array([o[0] for o, _ in whole]), np.array([s[0] for _, s in whole])
+
+
+@given(split_states())
+def test_merge_states_equals_single_pass(case):
+    v_states, s_states, out_ref, lse_ref = case
+    v32, s32 = v_states.astype(np.float32), s_states.astype(np.float32)
+    out, lse = pn.merge_states(v32, s32)
+    # independent float32 computation of the same merge, for the error bound
+    with np.errstate(invalid="ignore"):
+        m = s32.max(axis=1, keepdims=True)
+        w = np.where(np.isneginf(s32), np.float32(0), np.exp(s32 - np.where(np.isneginf(m), 0, m)))
+        tot = w.sum(axis=1)
+        low = np.where(tot[..., None] > 0,
+                       (w[..., None] * v32).sum(axis=1) / np.where(tot > 0, tot, 1)[..., None], 0)
+    check_close(out, out_ref, low)
+    finite = np.isfinite(lse_ref)
+    assert np.array_equal(np.isfinite(lse), finite)
+    assert np.allclose(lse[finite], lse_ref[finite], rtol=0, atol=8 * np.finfo(np.float32).eps
+                       * max(1.0, float(np.abs(lse_ref[finite]).max(initial=0))))
+
+
+def test_merge_rule_by_hand():
+    # state 1: m = 0, l = 1 (lse 0), output 1; state 2: lse log(3), output 5.
+    # weights 1 : 3, so the merge is (1 * 1 + 3 * 5) / 4 = 4 and lse = log(4).
+    v = np.array([[[[1.0]], [[5.0]]]], np.float32)
+    s = np.array([[[0.0], [math.log(3.0)]]], np.float32)
+    out, lse = pn.merge_states(v, s)
+    assert out[0, 0, 0] == pytest.approx(4.0, rel=1e-6)
+    assert lse[0, 0] == pytest.approx(math.log(4.0), rel=1e-6)
