@@ -1,0 +1,223 @@
+"""Warp-level operations for Numba's CUDA simulator.
+
+Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) runs each CUDA thread of a
+block as a Python thread but implements no warp operations (``shfl_*_sync``,
+votes, ``syncwarp``, ...), so kernels that use them cannot be tested without a
+GPU. :func:`install` adds them to the simulator's fake ``cuda`` module.
+
+Each call is a rendezvous of the lanes named in ``mask`` that exist in the
+caller's warp (warp = linear thread id // 32). Only that warp waits, so other
+warps may be in ``cuda.syncthreads()`` or doing anything else meanwhile. The
+state lives on the block's ``BlockManager``, so blocks and launches never
+share it.
+"""
+
+import sys
+import threading
+
+import numba
+
+__all__ = ["install", "is_installed", "simulator_enabled"]
+
+_WARP = 32
+_FULL = 0xFFFFFFFF
+_POLL_S = 0.05
+_CREATE_LOCK = threading.Lock()
+_installed = False
+
+
+def simulator_enabled():
+    """Return whether Numba's CUDA simulator is switched on.
+
+    Returns
+    -------
+    bool
+        The value of ``numba.config.ENABLE_CUDASIM``.
+    """
+    return bool(numba.config.ENABLE_CUDASIM)
+
+
+def is_installed():
+    """Return whether :func:`install` has patched the simulator.
+
+    Returns
+    -------
+    bool
+        True once the warp operations are on ``FakeCUDAModule``.
+    """
+    return _installed
+
+
+class _Exchange:
+    """Reusable rendezvous of a fixed set of lanes of one warp.
+
+    Parameters
+    ----------
+    lanes : int
+        Bit mask of the lanes that take part.
+    """
+
+    def __init__(self, lanes):
+        self.count = bin(lanes).count("1")
+        self.cond = threading.Condition()
+        self.pending = {}
+        self.snapshot = {}
+        self.generation = 0
+
+    def swap(self, lane, op, value):
+        """Deposit ``(op, value)`` for ``lane``; return all lanes' deposits."""
+        thread = threading.current_thread()
+        with self.cond:
+            gen = self.generation
+            self.pending[lane] = (op, value)
+            if len(self.pending) == self.count:
+                self.snapshot, self.pending = self.pending, {}
+                self.generation += 1
+                self.cond.notify_all()
+            while self.generation == gen:
+                self.cond.wait(_POLL_S)
+                if getattr(thread, "abort", False):
+                    raise RuntimeError("abort flag set in a warp operation")
+            # The next generation cannot complete without this lane, so the
+            # snapshot is still the one of generation ``gen``.
+            snap = self.snapshot
+        ops = {o for o, _ in snap.values()}
+        if len(ops) != 1:
+            raise RuntimeError("lanes of one warp met in different warp "
+                               "operations: %s" % sorted(ops))
+        return {ln: v for ln, (_, v) in snap.items()}
+
+
+def _rendezvous(mask, op, value):
+    """Exchange ``value`` with the lanes of ``mask`` in the caller's warp.
+
+    Returns
+    -------
+    tuple
+        ``(lane, lanes, values)``: the caller's lane, the mask of lanes that
+        took part and a dict lane -> value.
+    """
+    thread = threading.current_thread()
+    manager = getattr(thread, "_manager", None)
+    if manager is None:
+        raise RuntimeError("warp operations need a simulated CUDA thread")
+    warp, lane = divmod(thread.thread_id, _WARP)
+    lanes = int(mask) & _FULL & _lanes_present(manager, warp)
+    if not (lanes >> lane) & 1:
+        raise RuntimeError("lane %d of warp %d is not in mask %#x"
+                           % (lane, warp, int(mask) & _FULL))
+    exchanges = getattr(manager, "_paged_numba_warps", None)
+    key = (warp, lanes)
+    if exchanges is None or key not in exchanges:
+        with _CREATE_LOCK:
+            exchanges = manager.__dict__.setdefault("_paged_numba_warps", {})
+            if key not in exchanges:
+                exchanges[key] = _Exchange(lanes)
+    return lane, lanes, exchanges[key].swap(lane, op, value)
+
+
+def _lanes_present(manager, warp):
+    """Mask of the lanes of ``warp`` that exist in the block."""
+    bx, by, bz = manager._block_dim
+    n = min(_WARP, bx * by * bz - warp * _WARP)
+    return (1 << n) - 1
+
+
+def _shfl(mode):
+    def shfl(self, mask, value, arg):
+        lane, _, values = _rendezvous(mask, "shfl_" + mode, value)
+        if mode == "idx":
+            src = int(arg) & (_WARP - 1)
+        elif mode == "up":
+            src = lane - int(arg)
+        elif mode == "down":
+            src = lane + int(arg)
+        else:
+            src = lane ^ int(arg)
+        return values.get(src, value)
+    shfl.__name__ = {"idx": "shfl_sync"}.get(mode, "shfl_%s_sync" % mode)
+    shfl.__doc__ = "Simulated ``cuda.%s`` (width 32)." % shfl.__name__
+    return shfl
+
+
+def syncwarp(self, mask=_FULL):
+    """Simulated ``cuda.syncwarp``: wait for the lanes of ``mask``."""
+    _rendezvous(mask, "syncwarp", None)
+
+
+def activemask(self):
+    """Simulated ``cuda.activemask``: the lanes present in this warp."""
+    thread = threading.current_thread()
+    return _lanes_present(thread._manager, thread.thread_id // _WARP)
+
+
+def lanemask_lt(self):
+    """Simulated ``cuda.lanemask_lt``: the lanes below the caller's."""
+    return (1 << (threading.current_thread().thread_id % _WARP)) - 1
+
+
+def ballot_sync(self, mask, predicate):
+    """Simulated ``cuda.ballot_sync`` (returns a non-negative int)."""
+    _, _, values = _rendezvous(mask, "vote", bool(predicate))
+    return sum(1 << ln for ln, p in values.items() if p)
+
+
+def any_sync(self, mask, predicate):
+    """Simulated ``cuda.any_sync``."""
+    return any(_rendezvous(mask, "vote", bool(predicate))[2].values())
+
+
+def all_sync(self, mask, predicate):
+    """Simulated ``cuda.all_sync``."""
+    return all(_rendezvous(mask, "vote", bool(predicate))[2].values())
+
+
+def eq_sync(self, mask, predicate):
+    """Simulated ``cuda.eq_sync``."""
+    values = _rendezvous(mask, "vote", bool(predicate))[2].values()
+    return len(set(values)) == 1
+
+
+def match_any_sync(self, mask, value):
+    """Simulated ``cuda.match_any_sync``: lanes holding the caller's value."""
+    _, _, values = _rendezvous(mask, "match", value)
+    return sum(1 << ln for ln, v in values.items() if v == value)
+
+
+def match_all_sync(self, mask, value):
+    """Simulated ``cuda.match_all_sync``: ``(lanes or 0, all equal)``."""
+    _, lanes, values = _rendezvous(mask, "match", value)
+    same = all(v == value for v in values.values())
+    return (lanes if same else 0), same
+
+
+def install():
+    """Add warp operations to the simulator's fake ``cuda`` module.
+
+    Patches ``numba.cuda.simulator.kernelapi.FakeCUDAModule`` with
+    ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
+    ``syncwarp``, ``activemask``, ``lanemask_lt``, ``ballot_sync``,
+    ``any_sync``, ``all_sync``, ``eq_sync``, ``match_any_sync`` and
+    ``match_all_sync``, and sets ``sys.setswitchinterval(1e-4)`` because the
+    simulator busy-polls its threads. Calling it again does nothing.
+
+    Returns
+    -------
+    bool
+        True if the simulator is on and patched, False if it is off.
+    """
+    global _installed
+    if not simulator_enabled():
+        return False
+    sys.setswitchinterval(1e-4)
+    if _installed:
+        return True
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    funcs = [_shfl(m) for m in ("idx", "up", "down", "xor")] + [
+        syncwarp, activemask, lanemask_lt, ballot_sync, any_sync, all_sync,
+        eq_sync, match_any_sync, match_all_sync]
+    for fn in funcs:
+        setattr(FakeCUDAModule, fn.__name__, fn)
+    _installed = True
+    return True
