@@ -16,6 +16,8 @@ import sys
 import threading
 
 import numba
+import numba.np.numpy_support
+import numpy as np
 
 __all__ = ["install", "is_installed", "simulator_enabled"]
 
@@ -24,6 +26,8 @@ _FULL = 0xFFFFFFFF
 _POLL_S = 0.05
 _CREATE_LOCK = threading.Lock()
 _installed = False
+_SHARED_LOCK = threading.Lock()
+_ORIG_SHARED_ARRAY = None
 
 
 def simulator_enabled():
@@ -59,33 +63,34 @@ class _Exchange:
 
     def __init__(self, lanes):
         self.count = bin(lanes).count("1")
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.pending = {}
-        self.snapshot = {}
-        self.generation = 0
+        self.done = threading.Event()
 
     def swap(self, lane, op, value):
         """Deposit ``(op, value)`` for ``lane``; return all lanes' deposits."""
-        thread = threading.current_thread()
-        with self.cond:
-            gen = self.generation
+        with self.lock:
             self.pending[lane] = (op, value)
+            done = self.done
             if len(self.pending) == self.count:
-                self.snapshot, self.pending = self.pending, {}
-                self.generation += 1
-                self.cond.notify_all()
-            while self.generation == gen:
-                self.cond.wait(_POLL_S)
+                # The last lane publishes this generation's deposits on its
+                # event and starts the next generation with a fresh one, so
+                # a slow reader never sees a later generation's values.
+                ops = {o for o, _ in self.pending.values()}
+                done.error = None if len(ops) == 1 else (
+                    "lanes of one warp met in different warp operations: %s" % sorted(ops))
+                done.values = {ln: v for ln, (_, v) in self.pending.items()}
+                self.pending = {}
+                self.done = threading.Event()
+                done.set()
+        if not done.is_set():
+            thread = threading.current_thread()
+            while not done.wait(_POLL_S):
                 if getattr(thread, "abort", False):
                     raise RuntimeError("abort flag set in a warp operation")
-            # The next generation cannot complete without this lane, so the
-            # snapshot is still the one of generation ``gen``.
-            snap = self.snapshot
-        ops = {o for o, _ in snap.values()}
-        if len(ops) != 1:
-            raise RuntimeError("lanes of one warp met in different warp "
-                               "operations: %s" % sorted(ops))
-        return {ln: v for ln, (_, v) in snap.items()}
+        if done.error:
+            raise RuntimeError(done.error)
+        return done.values
 
 
 def _rendezvous(mask, op, value):
@@ -191,6 +196,32 @@ def match_all_sync(self, mask, value):
     return (lanes if same else 0), same
 
 
+def _shared_array(self, shape, dtype, alignment=None):
+    """Thread-safe ``cuda.shared.array`` for the simulator.
+
+    The simulator finds a block's shared array by the caller's file and line,
+    but its look-up and insertion are not atomic: two threads that race
+    through a declaration can get two different arrays (seen with a short
+    switch interval). Here the look-up holds a lock. New float arrays are
+    filled with NaN, so a read of shared memory that nothing wrote shows up
+    in the results instead of passing silently.
+    """
+    if shape == 0 or alignment is not None:
+        return _ORIG_SHARED_ARRAY(self, shape, dtype, alignment)
+    frame = sys._getframe(1)
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    with _SHARED_LOCK:
+        res = self._allocations.get(caller)
+        if res is None:
+            if isinstance(dtype, numba.types.Type):
+                dtype = numba.np.numpy_support.as_dtype(dtype)
+            res = np.empty(shape, dtype)
+            if res.dtype.kind == "f":
+                res.fill(np.nan)
+            self._allocations[caller] = res
+    return res
+
+
 def install():
     """Add warp operations to the simulator's fake ``cuda`` module.
 
@@ -198,7 +229,8 @@ def install():
     ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
     ``syncwarp``, ``activemask``, ``lanemask_lt``, ``ballot_sync``,
     ``any_sync``, ``all_sync``, ``eq_sync``, ``match_any_sync`` and
-    ``match_all_sync``, and sets ``sys.setswitchinterval(1e-4)`` because the
+    ``match_all_sync``, makes ``cuda.shared.array`` thread-safe (see
+    :func:`_shared_array`), and sets ``sys.setswitchinterval(1e-4)`` because the
     simulator busy-polls its threads. Calling it again does nothing.
 
     Returns
@@ -212,7 +244,11 @@ def install():
     sys.setswitchinterval(1e-4)
     if _installed:
         return True
-    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+    global _ORIG_SHARED_ARRAY
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule, FakeCUDAShared
+
+    _ORIG_SHARED_ARRAY = FakeCUDAShared.array
+    FakeCUDAShared.array = _shared_array
 
     funcs = [_shfl(m) for m in ("idx", "up", "down", "xor")] + [
         syncwarp, activemask, lanemask_lt, ballot_sync, any_sync, all_sync,

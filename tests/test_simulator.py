@@ -4,8 +4,6 @@ Run with ``NUMBA_ENABLE_CUDASIM=1`` set before numba is imported; otherwise
 the module is skipped.
 """
 
-import importlib.util
-import pathlib
 import sys
 import threading
 
@@ -20,12 +18,8 @@ if not numba.config.ENABLE_CUDASIM:
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from numba import cuda  # noqa: E402
 
-# Loaded by path so these tests do not depend on paged_numba/__init__.py.
-_PATH = (pathlib.Path(__file__).resolve().parents[1]
-         / "paged_numba" / "_simulator.py")
-_spec = importlib.util.spec_from_file_location("_sim_under_test", _PATH)
-sim = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sim)
+from paged_numba import _simulator as sim  # noqa: E402
+
 assert sim.install() is True
 
 FULL = 0xFFFFFFFF
@@ -451,3 +445,28 @@ def test_shuffles_match_reference(mode, arg, n, seed):
     code = ["idx", "up", "down", "xor"].index(mode)
     launch(k, 1, n, x, out, arg, code)
     np.testing.assert_array_equal(out, _reference_shfl(mode, x, arg, n))
+
+
+def test_shared_array_is_one_array_per_block_and_poisoned():
+    """Every thread of a block gets the same shared array (the simulator's own
+    look-up is not atomic), and shared memory nothing wrote reads as NaN."""
+    @cuda.jit
+    def k(out, unwritten):
+        buf = cuda.shared.array(256, np.float32)
+        never = cuda.shared.array(4, np.float32)
+        i = cuda.threadIdx.x
+        buf[i] = i
+        cuda.syncthreads()
+        total = 0.0
+        for j in range(256):
+            total += buf[j]
+        out[i] = total
+        if i == 0:
+            unwritten[0] = never[0]
+
+    for _ in range(3):
+        out = np.zeros(256, np.float32)
+        unwritten = np.zeros(1, np.float32)
+        launch(k, 1, 256, out, unwritten)
+        assert np.all(out == 255 * 256 / 2)     # 0 + 1 + ... + 255
+        assert np.isnan(unwritten[0])

@@ -19,13 +19,14 @@ that each K/V element is read from memory once for ``HPB`` query heads):
 * grid ``(num_heads // HPB, num_seqs, num_partitions)``, ``NUM_WARPS`` warps;
 * the ``HPB`` query vectors (pre-scaled) sit in shared memory;
 * the partition is walked in chunks of ``CHUNK`` tokens: logits of a chunk go to
-  shared memory, the chunk max and exp-sum are reduced with ``shfl_xor_sync``
-  inside warps and through shared memory across warps, and the running
-  output is rescaled by ``exp(m_old - m_new)`` (online softmax) so shared
-  memory does not grow with the context;
+  shared memory; each head's chunk max and exp-sum are reduced with
+  ``shfl_xor_sync`` inside a warp and through shared memory across the
+  ``WPH`` warps that share the head (warps own heads when ``HPB >= NUM_WARPS``),
+  and the running output is rescaled by ``exp(m_old - m_new)`` (online
+  softmax), so shared memory does not grow with the context;
 * P @ V is accumulated in fp32 registers, one 16-byte vector of head
-  elements per lane, then summed across token slots (shuffles inside a warp,
-  a shared-memory tree across warps).
+  elements per lane and token slot; at the end the slots' partial rows are
+  summed through shared memory, one head at a time.
 """
 import functools
 import math
@@ -131,7 +132,9 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
     PV_VPL = -(-NVEC // LPR)
     PV_SLOTS = NT // LPR
     ACC = PV_VPL * VEC
-    RED_W = max(NW // 2, 1)
+    # softmax: WPH warps share one head's logits; each warp owns HPW heads
+    WPH = max(NW // HPB, 1)
+    HPW = -(-HPB // NW)
     KV_HEAD_AXIS = 2 if layout == "nhd" else 1
     assert HEAD_SIZE % VEC == 0 and CHUNK % QK_TOKENS == 0 and NW & (NW - 1) == 0
     k_at, v_at, _, _ = element_accessors(layout, VEC)
@@ -153,8 +156,12 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
 
         q_s = cuda.shared.array((HPB, HEAD_SIZE), float32)
         p_s = cuda.shared.array((HPB, CHUNK), float32)
-        red_s = cuda.shared.array((NW, HPB), float32)
-        acc_s = cuda.shared.array((RED_W, HPB, HEAD_SIZE), float32)
+        max_s = cuda.shared.array((NW, HPW), float32)
+        sum_s = cuda.shared.array((NW, HPW), float32)
+        alpha_s = cuda.shared.array(HPB, float32)
+        l_s = cuda.shared.array(HPB, float32)
+        m_s = cuda.shared.array(HPB, float32)
+        out_s = cuda.shared.array((PV_SLOTS, HEAD_SIZE), float32)
 
         # -- stage the scaled queries of the group
         for i in range(tid, HPB * HEAD_SIZE, NT):
@@ -163,21 +170,23 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
             q_s[hh, d] = float32(query[seq, h0 + hh, d]) * scale
 
         acc = cuda.local.array((HPB, ACC), float32)
-        m_run = cuda.local.array(HPB, float32)
-        l_run = cuda.local.array(HPB, float32)
-        alpha = cuda.local.array(HPB, float32)
         qk = cuda.local.array(HPB, float32)
+        m_run = cuda.local.array(HPW, float32)   # running max / exp-sum of this
+        l_run = cuda.local.array(HPW, float32)   # warp's heads (same in all WPH warps)
         for hh in range(HPB):
-            m_run[hh] = NEG_INF
-            l_run[hh] = 0.0
             for j in range(ACC):
                 acc[hh, j] = 0.0
+        for j in range(HPW):
+            m_run[j] = NEG_INF
+            l_run[j] = 0.0
         cuda.syncthreads()  # wait for q_s
 
         g_lane = tid % TGS
         g_tok = tid // TGS
         pv_lane = tid % LPR
         pv_slot = tid // LPR
+        sub = warp % WPH            # this warp's share of its heads' tokens
+        head_base = (warp // WPH) * HPW
 
         for c0 in range(start, end, CHUNK):
             n = min(CHUNK, end - c0)
@@ -208,50 +217,54 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                         p_s[hh, tl] = x
             cuda.syncthreads()  # wait for the chunk's logits
 
-            # -- chunk max per head: warp shuffles, then across warps
-            for hh in range(HPB):
-                mx = NEG_INF
-                for tl in range(tid, n, NT):
-                    mx = max(mx, p_s[hh, tl])
-                o = 16
-                while o > 0:
-                    mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, o))
-                    o //= 2
-                if lane == 0:
-                    red_s[warp, hh] = mx
-            cuda.syncthreads()  # wait for per-warp maxima
-            for hh in range(HPB):
-                mx = red_s[0, hh]
-                for w in range(1, NW):
-                    mx = max(mx, red_s[w, hh])
-                m_new = max(m_run[hh], mx)
-                alpha[hh] = math.exp(m_run[hh] - m_new)
-                m_run[hh] = m_new
-            cuda.syncthreads()  # everyone has read red_s before it is reused
+            # -- softmax: max over the chunk, shuffles in the warp, shared memory across its WPH warps
+            for j in range(HPW):
+                hh = head_base + j
+                if hh < HPB:                       # warp-uniform
+                    mx = NEG_INF
+                    for tl in range(sub * 32 + lane, n, 32 * WPH):
+                        mx = max(mx, p_s[hh, tl])
+                    o = 16
+                    while o > 0:
+                        mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, o))
+                        o //= 2
+                    max_s[warp, j] = mx
+            if WPH > 1:
+                cuda.syncthreads()  # wait for the other warps' maxima of my heads
+            for j in range(HPW):
+                hh = head_base + j
+                if hh < HPB:
+                    mx = max_s[warp - sub, j]
+                    for w in range(1, WPH):
+                        mx = max(mx, max_s[warp - sub + w, j])
+                    m_new = max(m_run[j], mx)
+                    alpha = math.exp(m_run[j] - m_new)
+                    m_run[j] = m_new
+                    if sub == 0 and lane == 0:
+                        alpha_s[hh] = alpha
+                    s = float32(0.0)
+                    for tl in range(sub * 32 + lane, n, 32 * WPH):
+                        p = math.exp(p_s[hh, tl] - m_new)
+                        p_s[hh, tl] = p
+                        s += p
+                    o = 16
+                    while o > 0:
+                        s += cuda.shfl_xor_sync(FULL_MASK, s, o)
+                        o //= 2
+                    sum_s[warp, j] = s
+                    l_run[j] *= alpha
+            cuda.syncthreads()  # wait for probabilities, per-warp sums and alpha_s
+            for j in range(HPW):
+                hh = head_base + j
+                if hh < HPB:
+                    for w in range(WPH):
+                        l_run[j] += sum_s[warp - sub + w, j]
 
-            # -- probabilities and their sum
+            # -- pv: rescale the running output, then add this chunk
             for hh in range(HPB):
-                s = float32(0.0)
-                for tl in range(tid, n, NT):
-                    p = math.exp(p_s[hh, tl] - m_run[hh])
-                    p_s[hh, tl] = p
-                    s += p
-                o = 16
-                while o > 0:
-                    s += cuda.shfl_xor_sync(FULL_MASK, s, o)
-                    o //= 2
-                if lane == 0:
-                    red_s[warp, hh] = s
-            cuda.syncthreads()  # wait for probabilities and per-warp sums
-            for hh in range(HPB):
-                s = red_s[0, hh]
-                for w in range(1, NW):
-                    s += red_s[w, hh]
-                l_run[hh] = l_run[hh] * alpha[hh] + s
+                a = alpha_s[hh]
                 for j in range(ACC):
-                    acc[hh, j] *= alpha[hh]
-
-            # -- pv: this lane's vectors of the output rows
+                    acc[hh, j] *= a
             for tl in range(pv_slot, n, PV_SLOTS):
                 t = c0 + tl
                 blk = block_tables[seq, t // BLOCK_SIZE]
@@ -263,49 +276,33 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                             vx = float32(v_at(value_cache, blk, kvh, off, v * VEC + e))
                             for hh in range(HPB):
                                 acc[hh, i * VEC + e] += p_s[hh, tl] * vx
-            cuda.syncthreads()  # p_s and red_s are free for the next chunk
+            cuda.syncthreads()  # p_s, max_s, sum_s and alpha_s are free for the next chunk
 
-        # epilogue: sum the token slots of a warp ...
-        o = 16
-        while o >= LPR:
-            for hh in range(HPB):
-                for j in range(ACC):
-                    acc[hh, j] += cuda.shfl_xor_sync(FULL_MASK, acc[hh, j], o)
-            o //= 2
-        # ... then across warps through shared memory
-        stride = NW // 2
-        while stride > 0:
-            if warp >= stride and warp < 2 * stride and lane < LPR:
-                for i in range(PV_VPL):
-                    v = pv_lane + i * LPR
-                    if v < NVEC:
-                        for e in range(VEC):
-                            for hh in range(HPB):
-                                acc_s[warp - stride, hh, v * VEC + e] = acc[hh, i * VEC + e]
-            cuda.syncthreads()  # wait for the upper warps' partial sums
-            if warp < stride and lane < LPR:
-                for i in range(PV_VPL):
-                    v = pv_lane + i * LPR
-                    if v < NVEC:
-                        for e in range(VEC):
-                            for hh in range(HPB):
-                                acc[hh, i * VEC + e] += acc_s[warp, hh, v * VEC + e]
-            cuda.syncthreads()  # acc_s is free for the next level
-            stride //= 2
-
-        if warp == 0 and lane < LPR:
-            for hh in range(HPB):
-                inv = float32(0.0)
-                if l_run[hh] > 0.0:
-                    inv = float32(1.0) / l_run[hh]
-                for i in range(PV_VPL):
-                    v = pv_lane + i * LPR
-                    if v < NVEC:
-                        for e in range(VEC):
-                            out[seq, part, h0 + hh, v * VEC + e] = acc[hh, i * VEC + e] * inv
+        # -- epilogue: publish each head's (m, l), then sum the token slots per head
+        for j in range(HPW):
+            hh = head_base + j
+            if hh < HPB and sub == 0 and lane == 0:
+                m_s[hh] = m_run[j]
+                l_s[hh] = l_run[j]
+        for hh in range(HPB):
+            for i in range(PV_VPL):
+                v = pv_lane + i * LPR
+                if v < NVEC:
+                    for e in range(VEC):
+                        out_s[pv_slot, v * VEC + e] = acc[hh, i * VEC + e]
+            cuda.syncthreads()  # wait for every slot's partial row (and m_s, l_s)
+            inv = float32(0.0)
+            if l_s[hh] > 0.0:
+                inv = float32(1.0) / l_s[hh]
+            for d in range(tid, HEAD_SIZE, NT):
+                total = float32(0.0)
+                for sl in range(PV_SLOTS):
+                    total += out_s[sl, d]
+                out[seq, part, h0 + hh, d] = total * inv
+            cuda.syncthreads()  # out_s is free for the next head
         if tid < HPB:
-            if l_run[tid] > 0.0:
-                lse[seq, part, h0 + tid] = m_run[tid] + math.log(l_run[tid])
+            if l_s[tid] > 0.0:
+                lse[seq, part, h0 + tid] = m_s[tid] + math.log(l_s[tid])
             else:
                 lse[seq, part, h0 + tid] = NEG_INF
 
