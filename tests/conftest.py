@@ -4,7 +4,8 @@ paged_numba does that), and hypothesis gets two profiles:
 * ``ci``: few, small examples, for Numba's CUDA simulator (the default there);
 * ``gpu``: thousands of examples with big shapes (the default on a GPU).
 
-Choose one with ``HYPOTHESIS_PROFILE=ci|gpu``.
+Choose one with ``HYPOTHESIS_PROFILE=ci|gpu``; ``GPU_EXAMPLES=N`` changes the
+``gpu`` profile's example count.
 """
 import os
 
@@ -14,7 +15,8 @@ from hypothesis import HealthCheck, settings
 _slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("ci", max_examples=8, deadline=None, suppress_health_check=_slow,
                           print_blob=True)
-settings.register_profile("gpu", max_examples=1000, deadline=None,
+settings.register_profile("gpu", max_examples=int(os.environ.get("GPU_EXAMPLES", 1000)),
+                          deadline=None,
                           suppress_health_check=_slow, print_blob=True)
 settings.load_profile(os.environ.get(
     "HYPOTHESIS_PROFILE", "ci" if paged_numba.simulator_enabled() else "gpu"))

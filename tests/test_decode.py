@@ -15,7 +15,7 @@ SIM = pn.simulator_enabled()
 SHAPES = (dict(head_sizes=(16, 32, 64), max_seq_len=80, max_seqs=3, max_kv_heads=2,
                groups=(1, 2, 4))
           if SIM else
-          dict(head_sizes=(8, 64, 80, 96, 112, 128, 256), max_seq_len=3000, max_seqs=8,
+          dict(head_sizes=(64, 80, 96, 112, 128, 256), max_seq_len=3000, max_seqs=8,
                max_kv_heads=4))
 
 

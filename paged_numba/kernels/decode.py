@@ -139,7 +139,7 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
     assert HEAD_SIZE % VEC == 0 and CHUNK % QK_TOKENS == 0 and NW & (NW - 1) == 0
     k_at, v_at, _, _ = element_accessors(layout, VEC)
 
-    @cuda.jit(fastmath=False)
+    @cuda.jit(cache=True)
     def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
                             seq_lens, scale, partition_size):
         hb = cuda.blockIdx.x
