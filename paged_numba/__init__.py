@@ -20,12 +20,12 @@ from . import _simulator  # noqa: E402
 _simulator.install()
 
 from .allocator import BlockAllocator, OutOfBlocksError  # noqa: E402
-from .attention import merge_states, paged_decode  # noqa: E402
+from .attention import DecodePlan, merge_states, paged_decode  # noqa: E402
 from .cache import PagedKVCache  # noqa: E402
 from .write import write_kv  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["BlockAllocator", "OutOfBlocksError", "PagedKVCache", "merge_states",
+__all__ = ["BlockAllocator", "DecodePlan", "OutOfBlocksError", "PagedKVCache", "merge_states",
            "paged_decode", "write_kv", "simulator_enabled"]
 
 

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _launch
 from . import _validate as V
 from .kernels.decode import decode_kernel, heads_per_block
 from .kernels.merge import merge_kernel
@@ -189,3 +189,156 @@ def merge_states(v, s, *, validate=True):
     if from_host:
         return out.copy_to_host(), lse.copy_to_host()
     return out, lse
+
+
+class DecodePlan:
+    """Decode attention planned once per batch shape and run many times.
+
+    ``plan`` (the constructor) validates what does not change between steps,
+    picks the split-K partition count, allocates the output and the split-K
+    scratch space, compiles the kernels and packs their launch arguments;
+    :meth:`run` then launches with little host work. Pass the same device
+    buffers to every ``run`` (as with CUDA graphs: update their contents,
+    not their identity) to keep that fast path; new buffers are packed again.
+    ``run`` only enqueues kernels, so it can be captured in a CUDA graph
+    (e.g. ``torch.cuda.graph``, with ``stream=torch.cuda.current_stream()``).
+
+    Parameters
+    ----------
+    cache : PagedKVCache
+    num_seqs, num_heads : int
+        Batch size and query heads of the queries ``run`` will get.
+    max_blocks : int
+        Columns of the block tables ``run`` will get.
+    scale : float, optional
+        Logit scale, default ``1 / sqrt(head_size)``.
+    num_partitions : int, optional
+        Split-K partitions; default from the heuristic of :func:`paged_decode`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numba import cuda
+    >>> from paged_numba import PagedKVCache, DecodePlan
+    >>> cache = PagedKVCache(num_blocks=4, block_size=8, num_kv_heads=1, head_size=16)
+    >>> plan = DecodePlan(cache, num_seqs=1, num_heads=2, max_blocks=2)
+    >>> plan
+    DecodePlan(num_seqs=1, num_heads=2, head_size=16, heads_per_block=2, num_partitions=1, partition_size=16, scratch_bytes=0)
+    >>> q = cuda.to_device(np.ones((1, 2, 16), np.float16))
+    >>> table, lens = cuda.to_device(np.array([[3, 1]], np.int32)), cuda.to_device(np.array([9], np.int32))
+    >>> plan.run(q, table, lens).copy_to_host().shape        # [num_seqs, num_heads, head_size]
+    (1, 2, 16)
+    """
+
+    def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
+                 num_partitions=None):
+        V.check_cache(cache)
+        V.check_head_size(cache.head_size)
+        if num_heads % cache.num_kv_heads:
+            raise ValueError(
+                f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
+                f"{cache.num_kv_heads}.")
+        self.cache, self.num_seqs, self.num_heads = cache, int(num_seqs), int(num_heads)
+        self.max_blocks = int(max_blocks)
+        head_size = cache.head_size
+        self.scale = 1.0 / math.sqrt(head_size) if scale is None else float(scale)
+        if not math.isfinite(self.scale):
+            raise ValueError(f"scale must be finite, but got {scale}.")
+        self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
+        max_context = max(self.max_blocks * cache.block_size, 1)
+        if num_partitions is None:
+            num_partitions = num_partitions_for(self.num_seqs, num_heads // hpb, max_context,
+                                                _arrays.sm_count())
+        if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
+                or num_partitions < 1:
+            raise ValueError(
+                f"num_partitions must be a positive integer, but got {num_partitions!r}.")
+        self.partition_size = max(-(-max_context // int(num_partitions)), 1)
+        self.num_partitions = max(-(-max_context // self.partition_size), 1)
+        n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
+        self.out = _arrays.zeros((n, h, d), cache.dtype)
+        self.lse = _arrays.zeros((n, h), np.float32)
+        if p > 1:
+            self.part_out = _arrays.zeros((n, p, h, d), np.float32)
+            self.part_lse = _arrays.zeros((n, p, h), np.float32)
+        else:
+            self.part_out = self.out.reshape(n, 1, h, d)
+            self.part_lse = self.lse.reshape(n, 1, h)
+        self._kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.itemsize,
+                                     cache.layout, NUM_WARPS, CHUNK)
+        self._grid = (h // hpb, n, p)
+        self._merge = (_launch.PackedLaunch(merge_kernel(), (h, n), 128,
+                                            (self.out, self.lse, self.part_out, self.part_lse))
+                       if p > 1 and n else None)
+        self._inputs = None
+        self._decode = None
+
+    @property
+    def scratch_bytes(self):
+        """Device bytes of split-K partial outputs and log-sum-exps."""
+        if self.num_partitions == 1:
+            return 0
+        return (self.part_out.size + self.part_lse.size) * 4
+
+    def run(self, query, block_tables, seq_lens, *, stream=None, validate=False):
+        """Launch decode attention for this step.
+
+        Parameters
+        ----------
+        query : device array, ``[num_seqs, num_heads, head_size]``
+        block_tables : device array of int32, ``[num_seqs, max_blocks]``
+        seq_lens : device array of int32, ``[num_seqs]``
+        stream : optional
+            numba stream, PyTorch stream, or raw ``cudaStream_t``; default stream if None.
+        validate : bool
+            Run :func:`paged_decode`'s checks first (copies tables to the host).
+
+        Returns
+        -------
+        out : device array, ``[num_seqs, num_heads, head_size]``
+            Owned by the plan and overwritten by the next ``run``. With
+            split-K, :attr:`lse` holds the log-sum-exps ``[num_seqs, num_heads]``.
+        """
+        inputs = (query, block_tables, seq_lens)
+        if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
+            self._pack(inputs, validate=True)
+        elif validate:
+            self._check(inputs)
+        stream = _launch.as_stream(stream)
+        if self.num_seqs:
+            self._decode(stream)
+            if self._merge is not None:
+                self._merge(stream)
+        return self.out
+
+    def _check(self, inputs):
+        query, block_tables, seq_lens = inputs
+        for name, x in zip(("query", "block_tables", "seq_lens"), inputs):
+            if not _arrays.is_device_array(x):
+                raise TypeError(f"DecodePlan.run needs device arrays, but {name} is "
+                                f"{type(x).__name__}.")
+        q = _arrays.as_device(query, "query")[0]
+        expect = (self.num_seqs, self.num_heads, self.cache.head_size)
+        if V.shape_of(q) != expect:
+            raise ValueError(f"query must be {list(expect)} for this plan, but got {V.shape_of(q)}.")
+        V.check_dtype("query", q, self.cache.dtype)
+        tables, tables_host = _int32_device("block_tables", block_tables, True)
+        lens, lens_host = _int32_device("seq_lens", seq_lens, True)
+        if V.shape_of(tables) != (self.num_seqs, self.max_blocks):
+            raise ValueError(f"block_tables must be [{self.num_seqs}, {self.max_blocks}] for this "
+                             f"plan, but got {V.shape_of(tables)}.")
+        V.check_tables(tables_host, lens_host, self.cache.num_blocks, self.cache.block_size)
+        return q, tables, lens
+
+    def _pack(self, inputs, validate):
+        q, tables, lens = self._check(inputs)
+        args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
+                tables, lens, np.float32(self.scale), np.int32(self.partition_size))
+        self._decode = _launch.PackedLaunch(self._kernel, self._grid, 32 * NUM_WARPS, args)
+        self._inputs = inputs
+
+    def __repr__(self):
+        return (f"DecodePlan(num_seqs={self.num_seqs}, num_heads={self.num_heads}, "
+                f"head_size={self.cache.head_size}, heads_per_block={self.heads_per_block}, "
+                f"num_partitions={self.num_partitions}, partition_size={self.partition_size}, "
+                f"scratch_bytes={self.scratch_bytes})")

@@ -13,7 +13,7 @@ import paged_numba  # noqa: F401  (switches the simulator on where there is no G
 from hypothesis import HealthCheck, settings
 
 _slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", max_examples=8, deadline=None, suppress_health_check=_slow,
+settings.register_profile("ci", max_examples=20, deadline=None, suppress_health_check=_slow,
                           print_blob=True)
 settings.register_profile("gpu", max_examples=int(os.environ.get("GPU_EXAMPLES", 1000)),
                           deadline=None,

@@ -159,3 +159,27 @@ def test_merge_rule_by_hand():
     out, lse = pn.merge_states(v, s)
     assert out[0, 0, 0] == pytest.approx(4.0, rel=1e-6)
     assert lse[0, 0] == pytest.approx(math.log(4.0), rel=1e-6)
+
+
+def test_plan_run_matches_paged_decode_and_repacks_new_buffers():
+    from numba import cuda
+    p = _problem([9, 30], [[1, 0, -1, -1], [2, 4, 3, 5]], 8, head_size=16, num_heads=4,
+                 num_kv_heads=2, dtype="float32")
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    plan = pn.DecodePlan(cache, num_seqs=2, num_heads=4, max_blocks=4, num_partitions=2)
+    assert plan.num_partitions == 2 and plan.scratch_bytes == (2 * 2 * 4 * 16 + 2 * 2 * 4) * 4
+    dq, dt, dl = cuda.to_device(q), cuda.to_device(p.block_tables), cuda.to_device(p.seq_lens)
+    first = plan.run(dq, dt, dl).copy_to_host()
+    assert np.array_equal(first, pn.paged_decode(q, cache, p.block_tables, p.seq_lens,
+                                                 num_partitions=2))
+    dq.copy_to_device(2 * q)                       # same buffer, new contents: fast path
+    ref, _, bound, _ = decode_reference(p, 2 * q, k, v, num_partitions=2)
+    check_close(plan.run(dq, dt, dl).copy_to_host(), ref, bound)
+    dq2 = cuda.to_device(-q)                       # a new buffer is packed again
+    ref, _, bound, _ = decode_reference(p, -q, k, v, num_partitions=2)
+    check_close(plan.run(dq2, dt, dl).copy_to_host(), ref, bound)
+    with pytest.raises(ValueError, match=r"query must be \[2, 4, 16\] for this plan"):
+        plan.run(cuda.to_device(q[:1]), dt, dl)
+    with pytest.raises(TypeError, match="needs device arrays, but query is ndarray"):
+        plan.run(q, dt, dl)

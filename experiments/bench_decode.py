@@ -1,0 +1,177 @@
+"""Decode benchmark: paged_numba against torch SDPA on the same K/V made contiguous.
+
+    python experiments/bench_decode.py --grid headline --out results/decode_h200.csv
+
+Method: inputs are rotated so that the bytes touched per timed pass exceed
+the L2 several times; each implementation's calls are captured in a CUDA
+graph (one call per rotation) and the graph is replayed, timed with CUDA
+events; the median over replays, divided by the calls per replay, is the
+time per call. The device's copy bandwidth is measured in the same run.
+Bytes counted: one read of K and V (``2 * seq_len * num_kv_heads *
+head_size * itemsize`` per sequence) plus the query and the output.
+"""
+import argparse
+import csv
+import datetime
+import math
+import os
+import statistics
+import sys
+import time
+import uuid
+
+import numpy as np
+import torch
+from numba import cuda
+
+import paged_numba as pn
+
+HEADLINE = [(1, 32768), (16, 4096), (64, 4096), (256, 2048), (128, 8192)]
+L2_BYTES = 60 * 2**20
+FIELDS = ["run_id", "gpu", "impl", "batch", "context", "num_heads", "num_kv_heads", "head_size",
+          "block_size", "dtype", "layout", "table", "num_partitions", "us", "gbps", "pct_copy_bw",
+          "ratio_to_sdpa", "host_us", "copy_gbps", "command"]
+
+
+def graph_time(calls, reps):
+    """Median microseconds per call of ``calls`` captured in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):                      # warm-up (module load, caches)
+            for call in calls:
+                call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def copy_gbps(nbytes=2**31, reps=20):
+    """Device-to-device copy bandwidth, bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = graph_time([lambda: dst.copy_(src)], reps)
+    return 2 * nbytes / us / 1e3
+
+
+def kv_bytes(batch, context, num_kv_heads, head_size, itemsize):
+    return 2 * batch * context * num_kv_heads * head_size * itemsize
+
+
+def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype,
+                 layout="nhd", tables=("random", "identity"), partitions=(None,), reps=30,
+                 sdpa=True):
+    """Time one configuration; return a list of result dicts."""
+    tdtype = getattr(torch, dtype)
+    itemsize = torch.finfo(tdtype).bits // 8
+    per_set = kv_bytes(batch, context, num_kv_heads, head_size, itemsize)
+    rot = max(1, math.ceil(4 * L2_BYTES / per_set))
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = rot * batch * blocks_per_seq
+    cache = pn.PagedKVCache(num_blocks, block_size, num_kv_heads, head_size, dtype, layout)
+    for pool in (cache.key_cache, cache.value_cache):
+        torch.as_tensor(pool, device="cuda").normal_()
+    lens = cuda.to_device(np.full(batch, context, np.int32))
+    queries = [cuda.as_cuda_array(torch.randn(batch, num_heads, head_size, dtype=tdtype,
+                                              device="cuda")) for _ in range(rot)]
+    rows = []
+    for table_kind in tables:
+        order = (torch.randperm(num_blocks, device="cuda") if table_kind == "random"
+                 else torch.arange(num_blocks, device="cuda"))
+        tabs = [cuda.as_cuda_array(order[r * batch * blocks_per_seq:(r + 1) * batch * blocks_per_seq]
+                                   .reshape(batch, blocks_per_seq).to(torch.int32).contiguous())
+                for r in range(rot)]
+        for parts in partitions:
+            plans = [pn.DecodePlan(cache, batch, num_heads, blocks_per_seq, num_partitions=parts)
+                     for _ in range(rot)]
+            for plan, q, t in zip(plans, queries, tabs):
+                plan.run(q, t, lens, validate=True)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(200):
+                plans[0].run(queries[0], tabs[0], lens)
+            host_us = (time.perf_counter() - start) / 200 * 1e6
+            torch.cuda.synchronize()
+            calls = [lambda p=p, q=q, t=t: p.run(q, t, lens, stream=torch.cuda.current_stream())
+                     for p, q, t in zip(plans, queries, tabs)]
+            us = graph_time(calls, reps)
+            rows.append(dict(impl="paged_numba", table=table_kind,
+                             num_partitions=plans[0].num_partitions, us=us, host_us=host_us))
+    if sdpa:
+        ks = [torch.randn(batch, num_kv_heads, context, head_size, dtype=tdtype, device="cuda")
+              for _ in range(rot)]
+        vs = [torch.randn_like(k) for k in ks]
+        qs = [torch.randn(batch, num_heads, 1, head_size, dtype=tdtype, device="cuda")
+              for _ in range(rot)]
+        f = torch.nn.functional.scaled_dot_product_attention
+        calls = [lambda q=q, k=k, v=v: f(q, k, v, enable_gqa=True) for q, k, v in zip(qs, ks, vs)]
+        us = graph_time(calls, reps)
+        rows.append(dict(impl="torch_sdpa_contiguous", table="contiguous", num_partitions="",
+                         us=us, host_us=""))
+        del ks, vs
+    del cache
+    nbytes = per_set + 2 * batch * num_heads * head_size * itemsize
+    for r in rows:
+        r.update(batch=batch, context=context, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                 head_size=head_size, block_size=block_size, dtype=dtype, layout=layout,
+                 gbps=nbytes / r["us"] / 1e3)
+    return rows
+
+
+def grid(name):
+    """Configurations ``(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype)``."""
+    if name == "headline":
+        return [(b, c, 32, 8, 128, 16, "float16") for b, c in HEADLINE]
+    if name == "quick":
+        return [(4, 2048, 32, 8, 128, 16, "float16")]
+    raise SystemExit(f"unknown grid {name!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", default="headline")
+    ap.add_argument("--out", default="results/decode_h200.csv")
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    gpu = torch.cuda.get_device_name()
+    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])
+    bw = copy_gbps()
+    print(f"{gpu}: device copy {bw:.0f} GB/s (read + write); run {run_id}")
+    rows = []
+    for cfg in grid(args.grid):
+        got = bench_config(*cfg, reps=args.reps)
+        sdpa = [r["us"] for r in got if r["impl"] == "torch_sdpa_contiguous"]
+        for r in got:
+            r.update(run_id=run_id, gpu=gpu, pct_copy_bw=100 * r["gbps"] / bw, copy_gbps=bw,
+                     ratio_to_sdpa=r["us"] / sdpa[0] if sdpa else "", command=command)
+            print(f"{r['impl']:>22} {r['table']:>10} b={r['batch']:<4} ctx={r['context']:<6} "
+                  f"P={r['num_partitions']!s:<3} {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
+                  f"{r['pct_copy_bw']:5.1f}% copy  x{r['ratio_to_sdpa']:.3f} SDPA  "
+                  f"host {r['host_us'] if r['host_us'] == '' else round(r['host_us'], 1)} us",
+                  flush=True)
+        rows += got
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                        if k in FIELDS})
+    print(f"wrote {len(rows)} rows to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
