@@ -12,5 +12,5 @@ fi
 export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import numba, numba_cuda, numpy, numba.cuda as c; print('numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, c.get_current_device().name)"
-python3 -m paged_numba.kernels.specializations --warm "$(nproc)"
-python3 -m pytest -p no:cacheprovider paged_numba tests "$@"
+# each worker compiles the kernels of the parameter combinations it is given
+python3 -m pytest -p no:cacheprovider -n "$(nproc)" paged_numba tests "$@"

@@ -2,7 +2,9 @@
 paged_numba does that), and hypothesis gets two profiles:
 
 * ``ci``: few, small examples, for Numba's CUDA simulator (the default there);
-* ``gpu``: thousands of examples with big shapes (the default on a GPU).
+* ``gpu``: big shapes, 25 examples for each of the 288 combinations of
+  compile-time parameters per property, i.e. thousands per property (the
+  default on a GPU; run with ``-n 16`` from pytest-xdist).
 
 Choose one with ``HYPOTHESIS_PROFILE=ci|gpu``; ``GPU_EXAMPLES=N`` changes the
 ``gpu`` profile's example count.
@@ -15,7 +17,7 @@ from hypothesis import HealthCheck, settings
 _slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("ci", max_examples=20, deadline=None, suppress_health_check=_slow,
                           print_blob=True)
-settings.register_profile("gpu", max_examples=int(os.environ.get("GPU_EXAMPLES", 1000)),
+settings.register_profile("gpu", max_examples=int(os.environ.get("GPU_EXAMPLES", 25)),
                           deadline=None,
                           suppress_health_check=_slow, print_blob=True)
 settings.load_profile(os.environ.get(

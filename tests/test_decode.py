@@ -1,9 +1,10 @@
 """paged_decode and merge_states against the float64 dense reference."""
+import itertools
 import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, note
+from hypothesis import currently_in_test_context, given, note
 from hypothesis import strategies as st
 
 import paged_numba as pn
@@ -12,12 +13,25 @@ from paged_numba.testing import (U32, DecodeProblem, check_close, decode_problem
                                  decode_reference, gamma)
 
 SIM = pn.simulator_enabled()
-# The simulator runs every CUDA thread as a Python thread: keep its shapes small.
-SHAPES = (dict(head_sizes=(16, 32, 64), max_seq_len=80, max_seqs=3, max_kv_heads=2,
-               groups=(1, 2, 4))
-          if SIM else
-          dict(head_sizes=(64, 80, 96, 112, 128, 256), max_seq_len=3000, max_seqs=8,
-               max_kv_heads=4))
+# The simulator runs every CUDA thread as a Python thread: keep its shapes small,
+# and let hypothesis draw the compile-time parameters too. On a GPU each
+# combination of compile-time parameters is its own test (each compiles its
+# kernels once; run them in parallel with pytest-xdist) and hypothesis draws
+# batch, lengths, tables, KV heads and partitions within it.
+if SIM:
+    SHAPES = dict(head_sizes=(16, 32, 64), max_seq_len=80, max_seqs=3, max_kv_heads=2,
+                  groups=(1, 2, 4))
+    CONFIGS = [{}]
+else:
+    SHAPES = dict(max_seq_len=3000, max_seqs=8, max_kv_heads=4)
+    CONFIGS = [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,), groups=(g,))
+               for hs, bs, lay, dt, g in itertools.product(
+                   (64, 80, 96, 112, 128, 256), (8, 16, 32), ("nhd", "vllm"),
+                   ("float16", "float32"), (1, 2, 4, 8))]
+
+
+def config_id(c):
+    return "-".join(f"{k[:-1]}{v[0]}" for k, v in c.items()) or "drawn"
 
 
 def _problem(seq_lens, table, block_size, head_size=64, num_heads=2, num_kv_heads=1,
@@ -48,24 +62,37 @@ def run_decode(p, num_partitions=None):
     return (q, k, v), out, lse
 
 
-@example(SEED_60, None)
-@example(SEED_60, 3)
-@example(SEED_BATCH, 1)
-@example(SEED_BATCH, 2)
-@given(decode_problems(**SHAPES), st.one_of(st.none(), st.integers(1, 4)))
-def test_decode_matches_reference(p, num_partitions):
+def check_decode(p, num_partitions):
     (q, k, v), out, lse = run_decode(p, num_partitions)
     ref, ref_lse, bound, bound_lse = decode_reference(p, q, k, v, num_partitions=num_partitions)
     assert out.shape == q.shape and out.dtype == q.dtype
-    note(f"max error / bound: {check_close(out, ref, bound):.3g}")
+    ratio = check_close(out, ref, bound)
+    if currently_in_test_context():
+        note(f"max error / bound: {ratio:.3g}")
     finite = np.isfinite(ref_lse)
     assert np.array_equal(np.isfinite(lse), finite)
     check_close(lse[finite], ref_lse[finite], bound_lse[finite], "lse")
 
 
-@given(decode_problems(**SHAPES), st.randoms(use_true_random=False))
-def test_decode_independent_of_block_placement(p, rnd):
+@pytest.mark.parametrize("p, num_partitions", [(SEED_60, None), (SEED_60, 3), (SEED_BATCH, 1),
+                                               (SEED_BATCH, 2)])
+def test_decode_seed_examples(p, num_partitions):
+    check_decode(p, num_partitions)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+@given(data=st.data())
+def test_decode_matches_reference(config, data):
+    p = data.draw(decode_problems(**SHAPES, **config), label="problem")
+    check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+@given(data=st.data())
+def test_decode_independent_of_block_placement(config, data):
     """Moving the physical blocks (and the table with them) changes nothing, bit for bit."""
+    p = data.draw(decode_problems(**SHAPES, **config), label="problem")
+    rnd = data.draw(st.randoms(use_true_random=False), label="random")
     (q, k, v), out, _ = run_decode(p)
     perm = list(range(p.num_blocks))
     rnd.shuffle(perm)

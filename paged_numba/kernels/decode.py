@@ -33,6 +33,8 @@ import math
 
 from numba import config, cuda, float32
 
+from .vector import load16
+
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
 
@@ -103,14 +105,50 @@ def element_accessors(layout, vec):
 
 
 @functools.cache
+def vector_accessors(layout, vec):
+    """Device functions ``(k_vec, v_vec)`` that copy one 16-byte vector (``vec``
+    elements of a head row) of a token's key or value into a float32 array.
+
+    ``k_vec(key_cache, blk, kv_head, offset, v, out, out_off)`` reads elements
+    ``v * vec ... v * vec + vec - 1``. Keys are contiguous 16-byte vectors in
+    both layouts; values are contiguous in ``"nhd"`` and strided by
+    ``block_size`` in ``"vllm"``, where they are read one by one.
+    """
+    X = vec
+    _, v_at, _, _ = element_accessors(layout, vec)
+    if layout == "nhd":
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, ((blk * kc.shape[1] + off) * kc.shape[2] + h) * kc.shape[3] + v * X, out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            load16(vc, ((blk * vc.shape[1] + off) * vc.shape[2] + h) * vc.shape[3] + v * X, out, o)
+
+    else:
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, (((blk * kc.shape[1] + h) * kc.shape[2] + v) * kc.shape[3] + off) * X, out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            for e in range(X):
+                out[o + e] = float32(v_at(vc, blk, h, off, v * X + e))
+
+    return k_vec, v_vec
+
+
+@functools.cache
 def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
-                  num_warps=4, chunk=256):
+                  num_warps=4, chunk=256, unroll=4):
     """Compile-time specialised decode kernel.
 
     Kernel arguments: ``out [num_seqs, num_partitions, num_heads, head_size]``,
     ``lse [num_seqs, num_partitions, num_heads]`` float32, ``query
-    [num_seqs, num_heads, head_size]``, ``key_cache``, ``value_cache``,
-    ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
+    [num_seqs, num_heads, head_size]``, ``key_cache``, ``value_cache`` (C-contiguous
+    pools), ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
     int32, ``scale`` float32, ``partition_size`` int32. Launch with grid
     ``(num_heads // heads_per_block, num_seqs, num_partitions)`` and
     ``32 * num_warps`` threads.
@@ -123,23 +161,23 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
     NW = num_warps
     NT = 32 * NW
     CHUNK = chunk
-    # QK: TGS lanes share one token, each lane takes every TGS-th vector.
-    TGS = min(4, _pow2_floor(NVEC))
-    QK_VPL = -(-NVEC // TGS)
-    QK_TOKENS = NT // TGS
-    # PV: LPR lanes cover one token's row, PV_SLOTS tokens in flight per block.
+    U = unroll                            # tokens per lane whose loads are in flight together
+    # LPR lanes cover one token's head row, one 16-byte vector each (VPL if the
+    # row has more than 32); SLOTS tokens are handled side by side per step.
     LPR = min(32, _pow2_floor(NVEC))
-    PV_VPL = -(-NVEC // LPR)
-    PV_SLOTS = NT // LPR
-    ACC = PV_VPL * VEC
+    VPL = -(-NVEC // LPR)
+    SLOTS = NT // LPR
+    ACC = VPL * VEC                       # elements of a row this lane owns
+    STEP = SLOTS * U
+    KV_R = U * ACC                        # registers for the in-flight vectors
     # softmax: WPH warps share one head's logits; each warp owns HPW heads
     WPH = max(NW // HPB, 1)
     HPW = -(-HPB // NW)
     KV_HEAD_AXIS = 2 if layout == "nhd" else 1
-    assert HEAD_SIZE % VEC == 0 and CHUNK % QK_TOKENS == 0 and NW & (NW - 1) == 0
-    k_at, v_at, _, _ = element_accessors(layout, VEC)
+    assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
+    k_vec, v_vec = vector_accessors(layout, VEC)
 
-    @cuda.jit(cache=True)
+    @cuda.jit
     def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
                             seq_lens, scale, partition_size):
         hb = cuda.blockIdx.x
@@ -153,6 +191,8 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
         kvh = h0 // group
         start = part * partition_size
         end = min(start + partition_size, seq_lens[seq])
+        lane_r = tid % LPR          # which vectors of a row this lane owns
+        slot = tid // LPR           # which token of a step this lane serves
 
         q_s = cuda.shared.array((HPB, HEAD_SIZE), float32)
         p_s = cuda.shared.array((HPB, CHUNK), float32)
@@ -161,60 +201,59 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
         alpha_s = cuda.shared.array(HPB, float32)
         l_s = cuda.shared.array(HPB, float32)
         m_s = cuda.shared.array(HPB, float32)
-        out_s = cuda.shared.array((PV_SLOTS, HEAD_SIZE), float32)
+        out_s = cuda.shared.array((SLOTS, HEAD_SIZE), float32)
 
-        # -- stage the scaled queries of the group
+        # -- stage the scaled queries of the group, then keep this lane's slice in registers
         for i in range(tid, HPB * HEAD_SIZE, NT):
             hh = i // HEAD_SIZE
             d = i % HEAD_SIZE
             q_s[hh, d] = float32(query[seq, h0 + hh, d]) * scale
-
+        cuda.syncthreads()  # wait for q_s
+        q_r = cuda.local.array((HPB, ACC), float32)
         acc = cuda.local.array((HPB, ACC), float32)
-        qk = cuda.local.array(HPB, float32)
+        kv_r = cuda.local.array(KV_R, float32)
+        for hh in range(HPB):
+            for i in range(VPL):
+                v = lane_r + i * LPR
+                for e in range(VEC):
+                    q_r[hh, i * VEC + e] = q_s[hh, v * VEC + e] if v < NVEC else 0.0
+                    acc[hh, i * VEC + e] = 0.0
+        for j in range(KV_R):
+            kv_r[j] = 0.0
         m_run = cuda.local.array(HPW, float32)   # running max / exp-sum of this
         l_run = cuda.local.array(HPW, float32)   # warp's heads (same in all WPH warps)
-        for hh in range(HPB):
-            for j in range(ACC):
-                acc[hh, j] = 0.0
         for j in range(HPW):
             m_run[j] = NEG_INF
             l_run[j] = 0.0
-        cuda.syncthreads()  # wait for q_s
-
-        g_lane = tid % TGS
-        g_tok = tid // TGS
-        pv_lane = tid % LPR
-        pv_slot = tid // LPR
         sub = warp % WPH            # this warp's share of its heads' tokens
         head_base = (warp // WPH) * HPW
 
         for c0 in range(start, end, CHUNK):
             n = min(CHUNK, end - c0)
-            # -- qk: one logit per (head, token) of the chunk
-            for base in range(0, n, QK_TOKENS):   # uniform trip count: shuffles below
-                tl = base + g_tok
-                for hh in range(HPB):
-                    qk[hh] = 0.0
-                if tl < n:
-                    t = c0 + tl
-                    blk = block_tables[seq, t // BLOCK_SIZE]
-                    off = t % BLOCK_SIZE
-                    for i in range(QK_VPL):
-                        v = g_lane + i * TGS
-                        if v < NVEC:
-                            for e in range(VEC):
-                                d = v * VEC + e
-                                kx = float32(k_at(key_cache, blk, kvh, off, d))
-                                for hh in range(HPB):
-                                    qk[hh] += q_s[hh, d] * kx
-                for hh in range(HPB):
-                    x = qk[hh]
-                    o = TGS // 2
-                    while o > 0:
-                        x += cuda.shfl_xor_sync(FULL_MASK, x, o)
-                        o //= 2
-                    if tl < n and g_lane == 0:
-                        p_s[hh, tl] = x
+            # -- qk: U tokens per lane, their key vectors loaded before any is used
+            for base in range(0, n, STEP):       # uniform trip count: shuffles below
+                for u in range(U):
+                    tl = base + u * SLOTS + slot
+                    if tl < n:
+                        t = c0 + tl
+                        blk = block_tables[seq, t // BLOCK_SIZE]
+                        off = t % BLOCK_SIZE
+                        for i in range(VPL):
+                            v = lane_r + i * LPR
+                            if v < NVEC:
+                                k_vec(key_cache, blk, kvh, off, v, kv_r, (u * VPL + i) * VEC)
+                for u in range(U):
+                    tl = base + u * SLOTS + slot
+                    for hh in range(HPB):
+                        x = float32(0.0)
+                        for a in range(ACC):
+                            x += q_r[hh, a] * kv_r[u * ACC + a]
+                        o = LPR // 2
+                        while o > 0:
+                            x += cuda.shfl_xor_sync(FULL_MASK, x, o)
+                            o //= 2
+                        if tl < n and lane_r == 0:
+                            p_s[hh, tl] = x
             cuda.syncthreads()  # wait for the chunk's logits
 
             # -- softmax: max over the chunk, shuffles in the warp, shared memory across its WPH warps
@@ -260,22 +299,29 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                     for w in range(WPH):
                         l_run[j] += sum_s[warp - sub + w, j]
 
-            # -- pv: rescale the running output, then add this chunk
+            # -- pv: rescale the running output, then add this chunk, U tokens in flight
             for hh in range(HPB):
                 a = alpha_s[hh]
                 for j in range(ACC):
                     acc[hh, j] *= a
-            for tl in range(pv_slot, n, PV_SLOTS):
-                t = c0 + tl
-                blk = block_tables[seq, t // BLOCK_SIZE]
-                off = t % BLOCK_SIZE
-                for i in range(PV_VPL):
-                    v = pv_lane + i * LPR
-                    if v < NVEC:
-                        for e in range(VEC):
-                            vx = float32(v_at(value_cache, blk, kvh, off, v * VEC + e))
-                            for hh in range(HPB):
-                                acc[hh, i * VEC + e] += p_s[hh, tl] * vx
+            for base in range(0, n, STEP):
+                for u in range(U):
+                    tl = base + u * SLOTS + slot
+                    if tl < n:
+                        t = c0 + tl
+                        blk = block_tables[seq, t // BLOCK_SIZE]
+                        off = t % BLOCK_SIZE
+                        for i in range(VPL):
+                            v = lane_r + i * LPR
+                            if v < NVEC:
+                                v_vec(value_cache, blk, kvh, off, v, kv_r, (u * VPL + i) * VEC)
+                for u in range(U):
+                    tl = base + u * SLOTS + slot
+                    if tl < n:
+                        for hh in range(HPB):
+                            p = p_s[hh, tl]
+                            for a in range(ACC):
+                                acc[hh, a] += p * kv_r[u * ACC + a]
             cuda.syncthreads()  # p_s, max_s, sum_s and alpha_s are free for the next chunk
 
         # -- epilogue: publish each head's (m, l), then sum the token slots per head
@@ -285,18 +331,18 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                 m_s[hh] = m_run[j]
                 l_s[hh] = l_run[j]
         for hh in range(HPB):
-            for i in range(PV_VPL):
-                v = pv_lane + i * LPR
+            for i in range(VPL):
+                v = lane_r + i * LPR
                 if v < NVEC:
                     for e in range(VEC):
-                        out_s[pv_slot, v * VEC + e] = acc[hh, i * VEC + e]
+                        out_s[slot, v * VEC + e] = acc[hh, i * VEC + e]
             cuda.syncthreads()  # wait for every slot's partial row (and m_s, l_s)
             inv = float32(0.0)
             if l_s[hh] > 0.0:
                 inv = float32(1.0) / l_s[hh]
             for d in range(tid, HEAD_SIZE, NT):
                 total = float32(0.0)
-                for sl in range(PV_SLOTS):
+                for sl in range(SLOTS):
                     total += out_s[sl, d]
                 out[seq, part, h0 + hh, d] = total * inv
             cuda.syncthreads()  # out_s is free for the next head

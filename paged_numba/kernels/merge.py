@@ -27,7 +27,7 @@ def merge_kernel(num_threads=128):
     ``out [n, H, D]``, ``lse_out [n, H]`` float32. Grid ``(H, n)``, ``num_threads``."""
     NT = num_threads
 
-    @cuda.jit(cache=True)
+    @cuda.jit
     def merge_states_kernel(out, lse_out, v, s):
         h = cuda.blockIdx.x
         i = cuda.blockIdx.y

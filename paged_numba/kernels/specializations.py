@@ -75,26 +75,6 @@ def _compile_slice(args):
     return count, failures
 
 
-def _warm_slice(args):
-    first, step = args
-    count = 0
-    for i, (_, kernel, sig) in enumerate(all_specializations(every_signature=True)):
-        if i % step == first:
-            kernel.compile(sig)
-            count += 1
-    return count
-
-
-def warm_cache(jobs=8):
-    """Compile every specialisation for the current GPU in ``jobs`` processes,
-    filling Numba's on-disk kernel cache (the kernels use ``cache=True``), so
-    that a long test run does not compile them one by one."""
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        return sum(pool.map(_warm_slice, [(i, jobs) for i in range(jobs)]))
-
-
 def compile_all(jobs=1, cc=(9, 0)):
     """Compile every specialisation to PTX for ``cc`` in ``jobs`` processes.
 
@@ -116,10 +96,6 @@ if __name__ == "__main__":
     import time
 
     start = time.time()
-    if sys.argv[1:2] == ["--warm"]:
-        n = warm_cache(int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count())
-        print(f"compiled {n} specialisations for the current GPU in {time.time() - start:.0f} s")
-        sys.exit(0)
     count, failures = compile_all(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else os.cpu_count())
     print("\n".join(failures))
     print(f"compiled {count} specialisations to PTX for sm_90 in {time.time() - start:.0f} s, "

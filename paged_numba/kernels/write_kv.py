@@ -23,7 +23,7 @@ def write_kv_kernel(block_size, layout, vec, num_threads=128):
     NT = num_threads
     _, _, k_put, v_put = element_accessors(layout, vec)
 
-    @cuda.jit(cache=True)
+    @cuda.jit
     def write_kv_kernel(key_cache, value_cache, key, value, slot_mapping):
         t = cuda.blockIdx.x
         slot = slot_mapping[t]
