@@ -60,7 +60,7 @@ def graph_time(calls, reps):
 
 def copy_gbps(nbytes=2**31, reps=20):
     """Device-to-device copy bandwidth, bytes read plus bytes written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
     dst = torch.empty_like(src)
     us = graph_time([lambda: dst.copy_(src)], reps)
     return 2 * nbytes / us / 1e3
@@ -72,7 +72,7 @@ def kv_bytes(batch, context, num_kv_heads, head_size, itemsize):
 
 def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype,
                  layout="nhd", tables=("random", "identity"), partitions=(None,), reps=30,
-                 sdpa=True):
+                 sdpa=True, tuning=None):
     """Time one configuration; return a list of result dicts."""
     tdtype = getattr(torch, dtype)
     itemsize = torch.finfo(tdtype).bits // 8
@@ -94,7 +94,8 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
                                    .reshape(batch, blocks_per_seq).to(torch.int32).contiguous())
                 for r in range(rot)]
         for parts in partitions:
-            plans = [pn.DecodePlan(cache, batch, num_heads, blocks_per_seq, num_partitions=parts)
+            plans = [pn.DecodePlan(cache, batch, num_heads, blocks_per_seq, num_partitions=parts,
+                                   **(tuning or {}))
                      for _ in range(rot)]
             for plan, q, t in zip(plans, queries, tabs):
                 plan.run(q, t, lens, validate=True)
@@ -107,8 +108,12 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
             calls = [lambda p=p, q=q, t=t: p.run(q, t, lens, stream=torch.cuda.current_stream())
                      for p, q, t in zip(plans, queries, tabs)]
             us = graph_time(calls, reps)
+            kern = plans[0]._decode
+            regs = ("" if not hasattr(kern, "dispatcher") else
+                    [k.get_regs_per_thread() for k in kern.dispatcher.overloads.values()])
             rows.append(dict(impl="paged_numba", table=table_kind,
-                             num_partitions=plans[0].num_partitions, us=us, host_us=host_us))
+                             num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
+                             regs=regs, tuning=tuning))
     if sdpa:
         ks = [torch.randn(batch, num_kv_heads, context, head_size, dtype=tdtype, device="cuda")
               for _ in range(rot)]
@@ -144,7 +149,20 @@ def main():
     ap.add_argument("--grid", default="headline")
     ap.add_argument("--out", default="results/decode_h200.csv")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--tuning", action="store_true",
+                    help="time kernel variants (warps, unroll, chunk) on two shapes, print only")
     args = ap.parse_args()
+    if args.tuning:
+        for warps, unroll, chunk in [(4, 4, 256), (4, 8, 256), (4, 2, 256), (8, 4, 256),
+                                     (8, 2, 512), (2, 4, 256)]:
+            tuning = dict(num_warps=warps, unroll=unroll, chunk=chunk)
+            for b, c in [(16, 4096), (64, 4096)]:
+                r = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False,
+                                 reps=15, tuning=tuning)[0]
+                print(f"warps={warps} unroll={unroll} chunk={chunk} b={b} ctx={c} "
+                      f"P={r['num_partitions']} {r['us']:.1f} us {r['gbps']:.0f} GB/s "
+                      f"regs={r['regs']}", flush=True)
+        return
     gpu = torch.cuda.get_device_name()
     run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
     command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])

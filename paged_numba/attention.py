@@ -214,6 +214,9 @@ class DecodePlan:
         Logit scale, default ``1 / sqrt(head_size)``.
     num_partitions : int, optional
         Split-K partitions; default from the heuristic of :func:`paged_decode`.
+    num_warps, unroll, chunk : int
+        Tuning knobs of the kernel: warps per thread block, tokens per lane
+        whose loads are issued together, tokens whose logits share memory.
 
     Examples
     --------
@@ -231,7 +234,7 @@ class DecodePlan:
     """
 
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
-                 num_partitions=None):
+                 num_partitions=None, num_warps=NUM_WARPS, unroll=4, chunk=CHUNK):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         if num_heads % cache.num_kv_heads:
@@ -264,8 +267,9 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
+        self.num_warps = int(num_warps)
         self._kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.itemsize,
-                                     cache.layout, NUM_WARPS, CHUNK)
+                                     cache.layout, self.num_warps, int(chunk), int(unroll))
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
@@ -334,7 +338,7 @@ class DecodePlan:
         q, tables, lens = self._check(inputs)
         args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size))
-        self._decode = _launch.PackedLaunch(self._kernel, self._grid, 32 * NUM_WARPS, args)
+        self._decode = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
         self._inputs = inputs
 
     def __repr__(self):
