@@ -177,6 +177,28 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
     assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
     k_vec, v_vec = vector_accessors(layout, VEC)
 
+    def stager(vec_fn):
+        """Device function loading this lane's vectors of U tokens of one step
+        (tokens ``first + u * SLOTS + slot`` for ``u < U``, those below
+        ``first + n``) into ``kv_r``, all loads issued before any is used."""
+
+        @device_function
+        def stage(pool, block_tables, seq, kvh, first, n, slot, lane_r, kv_r):
+            for u in range(U):
+                tl = u * SLOTS + slot
+                if tl < n:
+                    t = first + tl
+                    blk = block_tables[seq, t // BLOCK_SIZE]
+                    off = t % BLOCK_SIZE
+                    for i in range(VPL):
+                        v = lane_r + i * LPR
+                        if v < NVEC:
+                            vec_fn(pool, blk, kvh, off, v, kv_r, (u * VPL + i) * VEC)
+
+        return stage
+
+    stage_k, stage_v = stager(k_vec), stager(v_vec)
+
     @cuda.jit
     def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
                             seq_lens, scale, partition_size):
@@ -232,16 +254,7 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
             n = min(CHUNK, end - c0)
             # -- qk: U tokens per lane, their key vectors loaded before any is used
             for base in range(0, n, STEP):       # uniform trip count: shuffles below
-                for u in range(U):
-                    tl = base + u * SLOTS + slot
-                    if tl < n:
-                        t = c0 + tl
-                        blk = block_tables[seq, t // BLOCK_SIZE]
-                        off = t % BLOCK_SIZE
-                        for i in range(VPL):
-                            v = lane_r + i * LPR
-                            if v < NVEC:
-                                k_vec(key_cache, blk, kvh, off, v, kv_r, (u * VPL + i) * VEC)
+                stage_k(key_cache, block_tables, seq, kvh, c0 + base, n - base, slot, lane_r, kv_r)
                 for u in range(U):
                     tl = base + u * SLOTS + slot
                     for hh in range(HPB):
@@ -305,16 +318,7 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                 for j in range(ACC):
                     acc[hh, j] *= a
             for base in range(0, n, STEP):
-                for u in range(U):
-                    tl = base + u * SLOTS + slot
-                    if tl < n:
-                        t = c0 + tl
-                        blk = block_tables[seq, t // BLOCK_SIZE]
-                        off = t % BLOCK_SIZE
-                        for i in range(VPL):
-                            v = lane_r + i * LPR
-                            if v < NVEC:
-                                v_vec(value_cache, blk, kvh, off, v, kv_r, (u * VPL + i) * VEC)
+                stage_v(value_cache, block_tables, seq, kvh, c0 + base, n - base, slot, lane_r, kv_r)
                 for u in range(U):
                     tl = base + u * SLOTS + slot
                     if tl < n:
