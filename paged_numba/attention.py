@@ -26,6 +26,32 @@ def _int32_device(name, x, validate):
     return dev, (dev.copy_to_host() if validate else None)
 
 
+def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
+    """Validated ``(alibi_slopes device [num_heads] float32, soft_cap, window)`` kernel arguments."""
+    window = 0
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or int(sliding_window) != sliding_window \
+                or sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive integer, but got {sliding_window!r}.")
+        window = int(sliding_window)
+    soft_cap = 0.0
+    if logits_soft_cap is not None:
+        soft_cap = float(logits_soft_cap)
+        if not (math.isfinite(soft_cap) and soft_cap > 0):
+            raise ValueError(f"logits_soft_cap must be a positive number, but got {logits_soft_cap!r}.")
+    if alibi_slopes is None:
+        slopes = np.zeros(num_heads, np.float32)
+    else:
+        slopes = np.asarray(_arrays.to_host(alibi_slopes))
+        if slopes.shape != (num_heads,) or not np.issubdtype(slopes.dtype, np.floating):
+            raise ValueError(f"alibi_slopes must be float [num_heads] = [{num_heads}], but got "
+                             f"{slopes.dtype} {V.shape_of(slopes)}.")
+        if not np.isfinite(slopes).all():
+            raise ValueError("alibi_slopes must be finite.")
+        slopes = slopes.astype(np.float32)
+    return _arrays.as_device(slopes, "alibi_slopes")[0], np.float32(soft_cap), np.int32(window)
+
+
 def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, chunk=CHUNK):
     """Split-K heuristic: split each sequence into partitions only when there
     are too few thread blocks to fill the GPU (about two waves of ``sm_count``
@@ -36,6 +62,7 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, chunk=C
 
 
 def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
+                 sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, return_lse=False, validate=True):
     """Decode attention over a paged KV cache: one query token per sequence.
 
@@ -52,6 +79,13 @@ def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
         Tokens of each sequence in the cache, the new one included.
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_size)``.
+    sliding_window : int, optional
+        Attend only to keys ``k`` with ``p - k < sliding_window``, where
+        ``p = seq_len - 1`` is the query's position.
+    alibi_slopes : array of float32, ``[num_heads]``, optional
+        Add ``slope_h * (k - p)`` to the logits (after the soft cap).
+    logits_soft_cap : float, optional
+        Replace each logit ``s`` by ``c * tanh(s / c)`` (Gemma 2, Grok) first.
     num_partitions : int, optional
         Split-K: partitions per sequence, each handled by its own thread
         blocks and merged with :func:`merge_states`. Default: chosen from the
@@ -107,6 +141,7 @@ def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
         scale = 1.0 / math.sqrt(head_size)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, but got {scale}.")
+    variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
     if num_partitions is None:
@@ -125,7 +160,7 @@ def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
                                cache.layout, NUM_WARPS, CHUNK)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens,
-                np.float32(scale), np.int32(partition_size))
+                np.float32(scale), np.int32(partition_size), *variants)
         if num_partitions == 1:
             kernel[grid, 32 * NUM_WARPS](out.reshape(num_seqs, 1, num_heads, head_size),
                                          lse.reshape(num_seqs, 1, num_heads), *args)
@@ -210,8 +245,8 @@ class DecodePlan:
         Batch size and query heads of the queries ``run`` will get.
     max_blocks : int
         Columns of the block tables ``run`` will get.
-    scale : float, optional
-        Logit scale, default ``1 / sqrt(head_size)``.
+    scale, sliding_window, alibi_slopes, logits_soft_cap : optional
+        As in :func:`paged_decode`.
     num_partitions : int, optional
         Split-K partitions; default from the heuristic of :func:`paged_decode`.
     num_warps, unroll, chunk : int
@@ -234,6 +269,7 @@ class DecodePlan:
     """
 
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
+                 sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=NUM_WARPS, unroll=4, chunk=CHUNK):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
@@ -247,6 +283,7 @@ class DecodePlan:
         self.scale = 1.0 / math.sqrt(head_size) if scale is None else float(scale)
         if not math.isfinite(self.scale):
             raise ValueError(f"scale must be finite, but got {scale}.")
+        self._variants = _variants(self.num_heads, sliding_window, alibi_slopes, logits_soft_cap)
         self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
         max_context = max(self.max_blocks * cache.block_size, 1)
         if num_partitions is None:
@@ -337,7 +374,8 @@ class DecodePlan:
     def _pack(self, inputs, validate):
         q, tables, lens = self._check(inputs)
         args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
-                tables, lens, np.float32(self.scale), np.int32(self.partition_size))
+                tables, lens, np.float32(self.scale), np.int32(self.partition_size),
+                *self._variants)
         self._decode = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
         self._inputs = inputs
 

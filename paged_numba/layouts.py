@@ -1,22 +1,73 @@
 """KV-cache layouts: shapes and host-side conversions (plain NumPy, no numba).
 
-A layout fixes where token ``t`` of block ``b``, KV head ``h``, element ``d``
-lives in the key and value pools:
+A layout fixes where token offset ``o`` of block ``b``, KV head ``h``, element
+``d`` lives in the key and value pools (``B`` = block_size, ``H`` =
+num_kv_heads, ``D`` = head_size):
 
-``"nhd"`` (FlashAttention / FlashInfer)
-    key and value ``[num_blocks, block_size, num_kv_heads, head_size]``.
+``"nhd"`` (FlashAttention / FlashInfer ``NHD``)
+    key and value ``[num_blocks, block_size, num_kv_heads, head_size]``;
+    ``key[b, o, h, d]``.
 ``"vllm"`` (vLLM's paged-attention kernels)
     key ``[num_blocks, num_kv_heads, head_size // x, block_size, x]`` with
     ``x = 16 // itemsize`` (one 16-byte vector of a token's key), and value
-    ``[num_blocks, num_kv_heads, head_size, block_size]``.
+    ``[num_blocks, num_kv_heads, head_size, block_size]``;
+    ``key[b, h, d // x, o, d % x]``, ``value[b, h, d, o]``.
+``"hnd"`` (FlashInfer ``HND``)
+    key and value ``[num_blocks, num_kv_heads, block_size, head_size]``;
+    ``key[b, h, o, d]``.
+``"interleaved"`` (a small CUDA engine's one-buffer-per-block layout)
+    ONE pool ``[num_blocks, 2, block_size, num_kv_heads, head_size]``: each
+    block holds K for all its ``B`` tokens, then V, each token row ``H * D``
+    wide. ``pool[b, 0, o, h, d]`` is K and ``pool[b, 1, o, h, d]`` is V, so
+    within a block K is at flat offset ``(o * H + h) * D + d`` and V at
+    ``V_OFFSET + (o * H + h) * D + d`` with
+    ``V_OFFSET = B * H * D`` (:func:`interleaved_v_offset`).
+    The functions here keep their ``(key_cache, value_cache)`` pairs for this
+    layout: both members are that one pool. :func:`cache_shapes` gives the
+    pool's shape twice, :func:`from_nhd` returns ``(pool, pool)`` (the same
+    array object twice), and :func:`to_nhd` reads K from its first argument and
+    V from its second, so ``to_nhd(pool, pool, "interleaved")`` is the usual
+    call (two separate copies of the pool work too).
 
-``to_nhd`` / ``from_nhd`` move whole pools between a layout and ``"nhd"``;
-the dense reference and ``PagedKVCache.gather`` work in ``"nhd"``.
+:data:`LAYOUTS` are the layouts the kernels and ``PagedKVCache`` support;
+:data:`HOST_LAYOUTS` adds the ones only these host converters know.
+
+``to_nhd`` / ``from_nhd`` move whole pools between a layout and ``"nhd"``,
+and :func:`convert` between any two layouts; the dense reference and
+``PagedKVCache.gather`` work in ``"nhd"``.
+
+Layers share one allocator: a block id indexes the same block of every
+layer's pool. With ``layered=True`` the converters take and return pools
+with a leading ``num_layers`` axis (shapes from :func:`cache_shapes_layered`).
+
+Examples
+--------
+>>> import numpy as np
+>>> k = np.arange(2 * 3 * 2 * 8, dtype=np.float16).reshape(2, 3, 2, 8)  # nb=2, B=3, H=2, D=8
+>>> pool, same = from_nhd(k, -k, "interleaved")
+>>> pool.shape, pool is same
+((2, 2, 3, 2, 8), True)
+>>> interleaved_v_offset(block_size=3, num_kv_heads=2, head_size=8)   # 3 * 2 * 8
+48
+>>> # V of token offset 1, head 1 of block 0: 48 + (1 * 2 + 1) * 8 = 72
+>>> bool((pool[0].reshape(-1)[72:80] == -k[0, 1, 1]).all())
+True
+>>> [a.shape for a in convert(k, -k, "nhd", "vllm")]     # x = 16 // 2 = 8
+[(2, 2, 1, 3, 8), (2, 2, 8, 3)]
 """
 import numpy as np
 
-LAYOUTS = ("nhd", "vllm")
+LAYOUTS = ("nhd", "vllm")                                 # kernels and PagedKVCache take these
+HOST_LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")      # the host converters take these
 DTYPES = ("float16", "float32")
+
+_FORMS = {  # the shapes each layout's pools must have, for error messages
+    "nhd": "key and value of one shape [num_blocks, block_size, num_kv_heads, head_size]",
+    "vllm": ("key [num_blocks, num_kv_heads, head_size // x, block_size, x] and value "
+             "[num_blocks, num_kv_heads, head_size, block_size]"),
+    "hnd": "key and value of one shape [num_blocks, num_kv_heads, block_size, head_size]",
+    "interleaved": "one pool [num_blocks, 2, block_size, num_kv_heads, head_size] as key and value",
+}
 
 
 def vector_width(dtype):
@@ -24,16 +75,39 @@ def vector_width(dtype):
     return 16 // np.dtype(dtype).itemsize
 
 
-def check_layout(layout):
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, but got {layout!r}.")
+def check_layout(layout, layouts=LAYOUTS):
+    """Raise ``ValueError`` unless ``layout`` is one of ``layouts`` (default: the kernels' :data:`LAYOUTS`)."""
+    if layout not in layouts:
+        raise ValueError(f"layout must be one of {layouts}, but got {layout!r}.")
+
+
+def interleaved_v_offset(block_size, num_kv_heads, head_size):
+    """Elements from the start of an ``"interleaved"`` block to its first V element.
+
+    ``V_OFFSET = block_size * num_kv_heads * head_size``: K of all the block's
+    tokens comes first, one row of ``num_kv_heads * head_size`` per token.
+
+    >>> interleaved_v_offset(16, 2, 64)   # 16 * 2 * 64
+    2048
+    """
+    return block_size * num_kv_heads * head_size
 
 
 def cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype):
-    """Return ``(key_shape, value_shape)`` of a pool in ``layout``."""
-    check_layout(layout)
+    """Return ``(key_shape, value_shape)`` of a pool in ``layout``.
+
+    For ``"interleaved"`` both are the one pool's shape
+    ``[num_blocks, 2, block_size, num_kv_heads, head_size]``.
+    """
+    check_layout(layout, HOST_LAYOUTS)
     if layout == "nhd":
         shape = (num_blocks, block_size, num_kv_heads, head_size)
+        return shape, shape
+    if layout == "hnd":
+        shape = (num_blocks, num_kv_heads, block_size, head_size)
+        return shape, shape
+    if layout == "interleaved":
+        shape = (num_blocks, 2, block_size, num_kv_heads, head_size)
         return shape, shape
     x = vector_width(dtype)
     if head_size % x:
@@ -45,45 +119,57 @@ def cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype)
             (num_blocks, num_kv_heads, head_size, block_size))
 
 
-def to_nhd(key_cache, value_cache, layout):
-    """Convert host pools in ``layout`` to ``"nhd"`` ``[num_blocks, block_size, num_kv_heads, head_size]``."""
-    check_layout(layout)
-    if layout == "nhd":
-        return np.ascontiguousarray(key_cache), np.ascontiguousarray(value_cache)
-    nb, nkv, hx, bs, x = key_cache.shape
-    k = key_cache.transpose(0, 3, 1, 2, 4).reshape(nb, bs, nkv, hx * x)
-    v = value_cache.transpose(0, 3, 1, 2)
-    return np.ascontiguousarray(k), np.ascontiguousarray(v)
+def cache_shapes_layered(layout, num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype):
+    """:func:`cache_shapes` with a leading ``num_layers`` axis on both shapes.
+
+    All layers share one allocator: block id ``b`` indexes ``pool[layer, b]``
+    in every layer.
+
+    >>> cache_shapes_layered("hnd", 4, 10, 16, 2, 64, "float16")
+    ((4, 10, 2, 16, 64), (4, 10, 2, 16, 64))
+    """
+    key_shape, value_shape = cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype)
+    return (num_layers, *key_shape), (num_layers, *value_shape)
 
 
-def from_nhd(key_cache, value_cache, layout):
-    """Convert ``"nhd"`` host pools to ``layout`` (inverse of :func:`to_nhd`)."""
-    check_layout(layout)
-    if layout == "nhd":
-        return np.ascontiguousarray(key_cache), np.ascontiguousarray(value_cache)
-    nb, bs, nkv, hd = key_cache.shape
-    x = vector_width(key_cache.dtype)
-    k = key_cache.reshape(nb, bs, nkv, hd // x, x).transpose(0, 2, 3, 1, 4)
-    v = value_cache.transpose(0, 2, 3, 1)
-    return np.ascontiguousarray(k), np.ascontiguousarray(v)
+def _geometry(key_shape, value_shape, layout, layered=False):
+    """``(num_blocks, block_size, num_kv_heads, head_size)`` read from pool
+    shapes in ``layout`` (after a leading ``num_layers`` axis when ``layered``);
+    ``ValueError`` naming both shapes if they do not fit the layout."""
+    key_shape, value_shape = tuple(int(s) for s in key_shape), tuple(int(s) for s in value_shape)
+    k, v = key_shape, value_shape
+    if layered:
+        k, v = (k[1:], v[1:]) if k[:1] == v[:1] and k else (None, None)
+    geometry = None
+    if k is None:
+        pass
+    elif layout in ("nhd", "hnd") and len(k) == 4 and k == v:
+        nb, a, b, hd = k
+        geometry = (nb, a, b, hd) if layout == "nhd" else (nb, b, a, hd)
+    elif layout == "interleaved" and len(k) == 5 and k == v and k[1] == 2:
+        nb, _, bs, nkv, hd = k
+        geometry = (nb, bs, nkv, hd)
+    elif layout == "vllm" and len(k) == 5 and len(v) == 4:
+        nb, nkv, hx, bs, x = k
+        if v == (nb, nkv, hx * x, bs):
+            geometry = (nb, bs, nkv, hx * x)
+    if geometry is None:
+        form = f"one leading num_layers axis on {_FORMS[layout]}" if layered else _FORMS[layout]
+        raise ValueError(f"layout {layout!r} needs {form}, but got {key_shape} and {value_shape}.")
+    return geometry
 
 
 def infer_geometry(key_shape, value_shape, layout, dtype):
     """Return ``(num_blocks, block_size, num_kv_heads, head_size)`` from pool shapes."""
-    check_layout(layout)
-    if layout == "nhd":
-        if len(key_shape) != 4 or tuple(key_shape) != tuple(value_shape):
-            raise ValueError(
-                "layout 'nhd' needs key and value of one shape [num_blocks, block_size, "
-                f"num_kv_heads, head_size], but got {tuple(key_shape)} and {tuple(value_shape)}."
-            )
-        return tuple(int(s) for s in key_shape)
-    if len(key_shape) != 5 or len(value_shape) != 4:
-        raise ValueError(
+    check_layout(layout, HOST_LAYOUTS)
+    if layout == "vllm" and (len(key_shape) != 5 or len(value_shape) != 4):
+        raise ValueError(  # the long-standing message for a wrong number of axes
             "layout 'vllm' needs key [num_blocks, num_kv_heads, head_size // x, block_size, x] "
             f"and value [num_blocks, num_kv_heads, head_size, block_size], but got "
             f"{tuple(key_shape)} and {tuple(value_shape)}."
         )
+    if layout != "vllm":
+        return _geometry(key_shape, value_shape, layout)
     nb, nkv, hx, bs, x = (int(s) for s in key_shape)
     geometry = (nb, bs, nkv, hx * x)
     expected = cache_shapes(layout, *geometry, dtype)
@@ -93,3 +179,140 @@ def infer_geometry(key_shape, value_shape, layout, dtype):
             f"layout for {np.dtype(dtype).name}; expected {expected[0]} and {expected[1]}."
         )
     return geometry
+
+
+def _per_layer(convert_one, key_cache, value_cache, layered):
+    """Apply ``convert_one`` to (already validated) pools; when ``layered``,
+    fold the leading layer axis into the block axis first (every layout's
+    first axis is num_blocks) and unfold it after."""
+    if not layered:
+        return convert_one(key_cache, value_cache)
+    num_layers, nb = key_cache.shape[:2]
+
+    def fold(a):
+        return a.reshape(num_layers * nb, *a.shape[2:])
+
+    def unfold(a):
+        return a.reshape(num_layers, nb, *a.shape[1:])
+
+    k, v = convert_one(fold(key_cache), fold(value_cache))
+    return (unfold(k),) * 2 if v is k else (unfold(k), unfold(v))
+
+
+def to_nhd(key_cache, value_cache, layout, *, layered=False):
+    """Convert host pools in ``layout`` to ``"nhd"`` ``[num_blocks, block_size, num_kv_heads, head_size]``.
+
+    Parameters
+    ----------
+    key_cache, value_cache : numpy.ndarray
+        Pools in ``layout`` (see the module docstring). For ``"interleaved"``
+        both are the one pool ``[num_blocks, 2, block_size, num_kv_heads,
+        head_size]``; K is read from ``key_cache[:, 0]`` and V from
+        ``value_cache[:, 1]``.
+    layout : str
+        One of :data:`HOST_LAYOUTS`.
+    layered : bool, keyword-only
+        Pools carry a leading ``num_layers`` axis, kept in the result.
+
+    Returns
+    -------
+    key, value : numpy.ndarray, each ``[num_blocks, block_size, num_kv_heads, head_size]``
+        (``[num_layers, ...]`` when ``layered``), C-contiguous.
+    """
+    check_layout(layout, HOST_LAYOUTS)
+    key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
+    _geometry(key_cache.shape, value_cache.shape, layout, layered)
+
+    def one(kc, vc):
+        if layout == "nhd":
+            k, v = kc, vc
+        elif layout == "hnd":
+            k, v = kc.transpose(0, 2, 1, 3), vc.transpose(0, 2, 1, 3)
+        elif layout == "interleaved":
+            k, v = kc[:, 0], vc[:, 1]
+        else:
+            nb, nkv, hx, bs, x = kc.shape
+            k = kc.transpose(0, 3, 1, 2, 4).reshape(nb, bs, nkv, hx * x)
+            v = vc.transpose(0, 3, 1, 2)
+        return np.ascontiguousarray(k), np.ascontiguousarray(v)
+
+    return _per_layer(one, key_cache, value_cache, layered)
+
+
+def from_nhd(key_cache, value_cache, layout, *, layered=False):
+    """Convert ``"nhd"`` host pools to ``layout`` (inverse of :func:`to_nhd`).
+
+    Parameters
+    ----------
+    key_cache, value_cache : numpy.ndarray, each ``[num_blocks, block_size, num_kv_heads, head_size]``
+        (``[num_layers, ...]`` when ``layered``).
+    layout : str
+        One of :data:`HOST_LAYOUTS`.
+    layered : bool, keyword-only
+        Pools carry a leading ``num_layers`` axis, kept in the result.
+
+    Returns
+    -------
+    key_cache, value_cache : numpy.ndarray
+        Pools in ``layout``, C-contiguous. For ``"interleaved"`` this is
+        ``(pool, pool)``: the same array object twice (key and value must then
+        have the same dtype).
+    """
+    check_layout(layout, HOST_LAYOUTS)
+    key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
+    nb, bs, nkv, hd = _geometry(key_cache.shape, value_cache.shape, "nhd", layered)
+    if layout == "vllm":
+        x = vector_width(key_cache.dtype)
+        cache_shapes(layout, nb, bs, nkv, hd, key_cache.dtype)  # head_size must be a multiple of x
+    if layout == "interleaved" and key_cache.dtype != value_cache.dtype:
+        raise ValueError(
+            "layout 'interleaved' holds key and value in one pool, so they must have the same "
+            f"dtype, but got {key_cache.dtype} and {value_cache.dtype}.")
+
+    def one(k, v):
+        if layout == "nhd":
+            kc, vc = k, v
+        elif layout == "hnd":
+            kc, vc = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        elif layout == "interleaved":
+            pool = np.stack([k, v], axis=1)
+            return pool, pool
+        else:
+            kc = k.reshape(k.shape[0], bs, nkv, hd // x, x).transpose(0, 2, 3, 1, 4)
+            vc = v.transpose(0, 2, 3, 1)
+        return np.ascontiguousarray(kc), np.ascontiguousarray(vc)
+
+    return _per_layer(one, key_cache, value_cache, layered)
+
+
+def convert(key_cache, value_cache, src_layout, dst_layout, *, layered=False):
+    """Convert host pools from ``src_layout`` to ``dst_layout`` (through ``"nhd"``).
+
+    Parameters
+    ----------
+    key_cache, value_cache : numpy.ndarray
+        Pools in ``src_layout`` (for ``"interleaved"``, the one pool twice).
+    src_layout, dst_layout : str
+        Each one of :data:`HOST_LAYOUTS`.
+    layered : bool, keyword-only
+        Pools carry a leading ``num_layers`` axis.
+
+    Returns
+    -------
+    key_cache, value_cache : numpy.ndarray
+        Pools in ``dst_layout``; ``(pool, pool)`` for ``"interleaved"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> k = np.zeros((3, 16, 2, 64), np.float32)          # nhd: 3 blocks of 16 tokens
+    >>> [a.shape for a in convert(k, k, "nhd", "hnd")]
+    [(3, 2, 16, 64), (3, 2, 16, 64)]
+    >>> pool, _ = convert(k, k, "nhd", "interleaved")
+    >>> [a.shape for a in convert(pool, pool, "interleaved", "vllm")]   # x = 16 // 4 = 4
+    [(3, 2, 16, 16, 4), (3, 2, 64, 16)]
+    """
+    check_layout(src_layout, HOST_LAYOUTS)
+    check_layout(dst_layout, HOST_LAYOUTS)
+    k, v = to_nhd(key_cache, value_cache, src_layout, layered=layered)
+    return from_nhd(k, v, dst_layout, layered=layered)

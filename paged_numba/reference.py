@@ -26,30 +26,61 @@ def gather_kv(key_cache, value_cache, block_table_row, seq_len):
     return k, v
 
 
-def attention(q, k, v, scale, dtype=np.float64):
+def logits(q, k, scale, dtype=np.float64, *, q_positions=None, causal=False,
+           sliding_window=None, alibi_slopes=None, logits_soft_cap=None):
+    """Attention logits ``[num_heads, num_q, num_kv]`` with masked entries ``-inf``.
+
+    ``q [num_q, num_heads, head_size]``, ``k [num_kv, num_kv_heads, head_size]``;
+    key ``j`` sits at position ``j`` and query ``i`` at ``q_positions[i]``
+    (default ``num_kv - num_q + i``: the queries are the newest tokens). For a
+    query at ``p``, key at ``j`` and ``s = scale * q.k``, in this order:
+    ``s = c tanh(s / c)`` (soft cap ``c``), ``s += slope_h * (j - p)`` (ALiBi),
+    key admitted only if ``p - j < sliding_window``, and with ``causal`` only
+    if ``j <= p``.
+    """
+    q, k = np.asarray(q, dtype=dtype), np.asarray(k, dtype=dtype)
+    num_q, num_heads, _ = q.shape
+    num_kv = k.shape[0]
+    qpos = (np.arange(num_q) + num_kv - num_q) if q_positions is None else np.asarray(q_positions)
+    kpos = np.arange(num_kv)
+    k = np.repeat(k, num_heads // k.shape[1], axis=1)          # [num_kv, num_heads, head_size]
+    z = np.einsum("qhd,khd->hqk", q, k) * dtype(scale)
+    if logits_soft_cap is not None:
+        c = dtype(logits_soft_cap)
+        z = c * np.tanh(z / c)
+    if alibi_slopes is not None:
+        dist = (kpos[None, :] - qpos[:, None]).astype(dtype)    # [num_q, num_kv]
+        z = z + np.asarray(alibi_slopes, dtype)[:, None, None] * dist[None]
+    keep = np.ones((num_q, num_kv), bool)
+    if sliding_window is not None:
+        keep &= (qpos[:, None] - kpos[None, :]) < sliding_window
+    if causal:
+        keep &= kpos[None, :] <= qpos[:, None]
+    return np.where(keep[None], z, -np.inf)
+
+
+def attention(q, k, v, scale, dtype=np.float64, **variants):
     """Softmax attention of ``q [num_q, num_heads, head_size]`` over
-    ``k, v [num_kv, num_kv_heads, head_size]`` (every query sees every key).
+    ``k, v [num_kv, num_kv_heads, head_size]``; ``variants`` as in :func:`logits`.
 
     Returns ``out [num_q, num_heads, head_size]`` and ``lse [num_q, num_heads]``;
-    with no keys, zeros and ``-inf``."""
-    q, k, v = (np.asarray(a, dtype=dtype) for a in (q, k, v))
-    num_q, num_heads, head_size = q.shape
-    if k.shape[0] == 0:
-        return np.zeros(q.shape, dtype), np.full((num_q, num_heads), -np.inf, dtype)
-    group = num_heads // k.shape[1]
-    k = np.repeat(k, group, axis=1)            # [num_kv, num_heads, head_size]
-    v = np.repeat(v, group, axis=1)
-    logits = np.einsum("qhd,khd->hqk", q, k) * dtype(scale)
-    m = logits.max(axis=-1, keepdims=True)
-    p = np.exp(logits - m)
+    a query with no admissible key gets zeros and ``-inf``."""
+    q, v = np.asarray(q, dtype=dtype), np.asarray(v, dtype=dtype)
+    num_heads = q.shape[1]
+    z = logits(q, k, scale, dtype, **variants)                 # [num_heads, num_q, num_kv]
+    m = z.max(axis=-1, keepdims=True, initial=-np.inf)
+    empty = np.isneginf(m)
+    p = np.exp(z - np.where(empty, 0, m))
     l = p.sum(axis=-1, keepdims=True)
-    out = np.einsum("hqk,khd->qhd", p / l, v)
-    lse = (m + np.log(l))[..., 0].T
-    return out, lse
+    v = np.repeat(v, num_heads // v.shape[1], axis=1)
+    out = np.einsum("hqk,khd->qhd", p / np.where(empty, 1, l), v)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, l)))[..., 0].T
+    return out.astype(dtype), lse.astype(dtype)
 
 
 def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens,
-                           scale=None, layout="nhd", dtype=np.float64):
+                           scale=None, layout="nhd", dtype=np.float64, **variants):
     """Reference for :func:`paged_numba.paged_decode` on host arrays.
 
     Parameters
@@ -58,6 +89,9 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
     key_cache, value_cache : pools in ``layout``
     block_tables : ``[num_seqs, max_blocks]``
     seq_lens : ``[num_seqs]``
+
+    variants : ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap`` as in :func:`logits`
+        (the query sits at position ``seq_len - 1``).
 
     Returns
     -------
@@ -71,6 +105,6 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
     lse = np.full(query.shape[:2], -np.inf, dtype)
     for i, n in enumerate(np.asarray(seq_lens)):
         k, v = gather_kv(key_cache, value_cache, np.asarray(block_tables)[i], n)
-        o, s = attention(query[i:i + 1], k, v, scale, dtype)
+        o, s = attention(query[i:i + 1], k, v, scale, dtype, **variants)
         out[i], lse[i] = o[0], s[0]
     return out, lse

@@ -27,7 +27,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .layouts import from_nhd
-from .reference import gather_kv, paged_decode_reference
+from .reference import gather_kv, logits, paged_decode_reference
 
 GQA_GROUPS = (1, 2, 4, 8)
 
@@ -140,15 +140,18 @@ def gamma(n):
     return n * U32 / (1.0 - n * U32)
 
 
-def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8):
+def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, **variants):
     """Rounding-error bounds for fp32 softmax attention of one query row.
 
     A first-order forward error analysis of what any fp32 kernel computes,
     evaluated on the data (``q [num_heads, head_size]``, ``k, v [L,
-    num_kv_heads, head_size]`` as stored, in float64):
+    num_kv_heads, head_size]`` as stored, in float64; ``variants`` as in
+    :func:`paged_numba.reference.logits`, the query at position ``L - 1``):
 
     * a logit is a ``head_size``-term dot product plus the scaling:
       ``|ds| <= E_s = gamma(head_size + 2) * scale * max_j sum_d |q_d k_jd|``;
+      a soft cap ``c`` adds the tanh's few ulps of ``c`` (tanh is 1-Lipschitz),
+      ALiBi adds ``2u |slope (j - p)|`` (the slope is rounded to fp32);
     * shifting logits by at most ``E_s`` moves each softmax weight by a factor
       within ``exp(+-2 E_s)``; the exp-sum and ``sum_j p_j v_j`` add up ``L``
       terms, each exp/log is off by a few ulps, and every merge of partial
@@ -164,20 +167,26 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8):
     if k.shape[0] == 0:
         return np.zeros(q.shape), np.zeros(num_heads)
     group = num_heads // k.shape[1]
-    k = np.repeat(k, group, axis=1)
-    v = np.repeat(v, group, axis=1)
-    logits = np.einsum("hd,khd->hk", q, k) * scale
-    mags = np.einsum("hd,khd->hk", np.abs(q), np.abs(k)) * abs(scale)
+    z = logits(q[None], k, scale, **variants)[:, 0]                 # [num_heads, L]
+    mags = np.einsum("hd,khd->hk", np.abs(q), np.abs(np.repeat(k, group, axis=1))) * abs(scale)
     e_s = gamma(head_size + 2) * mags.max(axis=1)                   # [num_heads]
-    w = np.exp(logits - logits.max(axis=1, keepdims=True))
-    lse = np.log(w.sum(axis=1)) + logits.max(axis=1)
+    if variants.get("logits_soft_cap") is not None:
+        e_s = e_s + transcendental_ulps * U32 * variants["logits_soft_cap"]
+    if variants.get("alibi_slopes") is not None:
+        dist = np.abs(np.arange(k.shape[0]) - (k.shape[0] - 1))
+        e_s = e_s + 2 * U32 * np.abs(np.asarray(variants["alibi_slopes"])) * dist.max()
+    zmax = z.max(axis=1, keepdims=True)
+    if np.isneginf(zmax).all():
+        return np.zeros(q.shape), np.zeros(num_heads)
+    w = np.exp(z - zmax)
+    lse = np.log(w.sum(axis=1)) + zmax[:, 0]
     w /= w.sum(axis=1, keepdims=True)
-    spread = np.einsum("hk,khd->hd", w, np.abs(v))                  # sum_j w_j |v_jd|
+    spread = np.einsum("hk,khd->hd", w, np.abs(np.repeat(v, group, axis=1)))  # sum_j w_j |v_jd|
     g = gamma(k.shape[0] + 2 * num_merges + transcendental_ulps)
     return (2 * e_s + g)[:, None] * spread, e_s + g + U32 * np.abs(lse)
 
 
-def decode_bounds(problem, q, k, v, scale=None, num_partitions=None):
+def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants):
     """:func:`attention_error_bound` for every sequence of a :class:`DecodeProblem`.
 
     Merges counted: one per chunk of the online softmax (at most one per
@@ -191,7 +200,8 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None):
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
-        bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions)
+        bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
+                                                       **variants)
     return bound, bound_lse
 
 
@@ -213,10 +223,31 @@ def check_close(out, ref64, bound, what="output"):
     return float(np.max(err / allowed, initial=0.0))
 
 
-def decode_reference(problem, q, k, v, scale=None, num_partitions=None):
+def decode_reference(problem, q, k, v, scale=None, num_partitions=None, **variants):
     """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
-    :class:`DecodeProblem` (``k``, ``v`` are ``"nhd"`` pools)."""
+    :class:`DecodeProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as in
+    :func:`paged_numba.reference.logits`."""
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
-    out, lse = paged_decode_reference(q, k, v, problem.block_tables, problem.seq_lens, scale, "nhd")
-    return out, lse, *decode_bounds(problem, q, k, v, scale, num_partitions)
+    out, lse = paged_decode_reference(q, k, v, problem.block_tables, problem.seq_lens, scale,
+                                      "nhd", **variants)
+    return out, lse, *decode_bounds(problem, q, k, v, scale, num_partitions, **variants)
+
+
+@st.composite
+def variants(draw, num_heads, max_window=64):
+    """Keyword arguments for the attention variants: each of ``sliding_window``,
+    ``alibi_slopes`` (ALiBi's geometric slopes or random ones) and
+    ``logits_soft_cap`` is present or absent."""
+    out = {}
+    if draw(st.booleans()):
+        out["sliding_window"] = draw(st.integers(1, max_window))
+    if draw(st.booleans()):
+        if draw(st.booleans()):
+            out["alibi_slopes"] = 2.0 ** (-8.0 * (np.arange(num_heads) + 1) / num_heads)
+        else:
+            out["alibi_slopes"] = np.array(draw(st.lists(
+                st.floats(-1, 1, width=32), min_size=num_heads, max_size=num_heads)), np.float32)
+    if draw(st.booleans()):
+        out["logits_soft_cap"] = draw(st.sampled_from([0.5, 5.0, 30.0, 50.0]))
+    return out

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import paged_numba as pn
 from paged_numba.reference import attention
 from paged_numba.testing import (U32, DecodeProblem, check_close, decode_problems,
-                                 decode_reference, gamma)
+                                 decode_reference, gamma, variants)
 
 SIM = pn.simulator_enabled()
 # The simulator runs every CUDA thread as a Python thread: keep its shapes small,
@@ -53,18 +53,19 @@ SEED_BATCH = _problem([31, 33, 71], [[2, -1, -1, -1], [0, 1, -1, -1], [3, 5, 6, 
                       num_heads=4, num_kv_heads=2)
 
 
-def run_decode(p, num_partitions=None):
+def run_decode(p, num_partitions=None, **variants):
     q, k, v = p.arrays()
     kc, vc = p.layout_pools(k, v)
     cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
     out, lse = pn.paged_decode(q, cache, p.block_tables, p.seq_lens,
-                               num_partitions=num_partitions, return_lse=True)
+                               num_partitions=num_partitions, return_lse=True, **variants)
     return (q, k, v), out, lse
 
 
-def check_decode(p, num_partitions):
-    (q, k, v), out, lse = run_decode(p, num_partitions)
-    ref, ref_lse, bound, bound_lse = decode_reference(p, q, k, v, num_partitions=num_partitions)
+def check_decode(p, num_partitions, **variants):
+    (q, k, v), out, lse = run_decode(p, num_partitions, **variants)
+    ref, ref_lse, bound, bound_lse = decode_reference(p, q, k, v, num_partitions=num_partitions,
+                                                      **variants)
     assert out.shape == q.shape and out.dtype == q.dtype
     ratio = check_close(out, ref, bound)
     if currently_in_test_context():
@@ -84,7 +85,9 @@ def test_decode_seed_examples(p, num_partitions):
 @given(data=st.data())
 def test_decode_matches_reference(config, data):
     p = data.draw(decode_problems(**SHAPES, **config), label="problem")
-    check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"))
+    extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
+    check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
+                 **extra)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=config_id)
@@ -210,3 +213,29 @@ def test_plan_run_matches_paged_decode_and_repacks_new_buffers():
         plan.run(cuda.to_device(q[:1]), dt, dl)
     with pytest.raises(TypeError, match="needs device arrays, but query is ndarray"):
         plan.run(q, dt, dl)
+
+
+def test_variants_by_hand():
+    # one sequence of 10 tokens in blocks [2, 0] of 8; window 3 keeps keys 7, 8, 9 only
+    p = _problem([10], [[2, 0]], 8, head_size=16, num_heads=2, num_kv_heads=1, dtype="float32")
+    slopes = np.array([0.5, -0.25])
+    for extra in (dict(sliding_window=3), dict(alibi_slopes=slopes), dict(logits_soft_cap=0.5),
+                  dict(sliding_window=1, alibi_slopes=slopes, logits_soft_cap=2.0)):
+        check_decode(p, None, **extra)
+    # a window of 1 attends to the newest token alone: the output is its value row
+    (q, k, v), out, _ = run_decode(p, None, sliding_window=1)
+    newest = v[0, 1, 0]                    # token 9 = block 0 (table column 1), offset 1
+    assert np.allclose(out[0], newest[None, :], rtol=0, atol=4 * U32)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(sliding_window=0), "sliding_window must be a positive integer, but got 0"),
+    (dict(logits_soft_cap=-1.0), "logits_soft_cap must be a positive number, but got -1.0"),
+    (dict(alibi_slopes=np.ones(3)), r"alibi_slopes must be float \[num_heads\] = \[2\]"),
+])
+def test_variant_arguments_are_checked(kwargs, message):
+    p = _problem([5], [[0]], 8, head_size=16)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    with pytest.raises(ValueError, match=message):
+        pn.paged_decode(q, cache, p.block_tables, p.seq_lens, **kwargs)

@@ -5,7 +5,10 @@ KV head ``g = h // (num_heads // num_kv_heads)`` and partition ``p`` (tokens
 ``[p * partition_size, min((p + 1) * partition_size, seq_lens[s]))``)::
 
     K, V = keys and values of those tokens, found via block_tables[s]
+                                                   # (only keys k with qpos - k < window)
     z = scale * K[:, g] @ query[s, h]              # logits, fp32
+    z = soft_cap * tanh(z / soft_cap)              # if soft_cap > 0
+    z += alibi_slopes[h] * (k - qpos)              # qpos = seq_lens[s] - 1
     m = z.max(); l = exp(z - m).sum()
     out[s, p, h] = exp(z - m) @ V[:, g] / l        # 0 when the partition is empty
     lse[s, p, h] = m + log(l)                      # -inf when the partition is empty
@@ -149,7 +152,9 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
     ``lse [num_seqs, num_partitions, num_heads]`` float32, ``query
     [num_seqs, num_heads, head_size]``, ``key_cache``, ``value_cache`` (C-contiguous
     pools), ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
-    int32, ``scale`` float32, ``partition_size`` int32. Launch with grid
+    int32, ``scale`` float32, ``partition_size`` int32, ``alibi_slopes
+    [num_heads]`` float32 (zeros for none), ``soft_cap`` float32 (0 for none),
+    ``window`` int32 (0 for none). Launch with grid
     ``(num_heads // heads_per_block, num_seqs, num_partitions)`` and
     ``32 * num_warps`` threads.
     """
@@ -201,7 +206,7 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
 
     @cuda.jit
     def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                            seq_lens, scale, partition_size):
+                            seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
@@ -211,8 +216,11 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
-        start = part * partition_size
-        end = min(start + partition_size, seq_lens[seq])
+        seq_len = seq_lens[seq]
+        qpos = seq_len - 1                       # the query is the newest token
+        first = 0 if window <= 0 else max(seq_len - window, 0)   # sliding window: qpos - k < window
+        start = max(part * partition_size, first)
+        end = min(part * partition_size + partition_size, seq_len)
         lane_r = tid % LPR          # which vectors of a row this lane owns
         slot = tid // LPR           # which token of a step this lane serves
 
@@ -242,6 +250,9 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                     acc[hh, i * VEC + e] = 0.0
         for j in range(KV_R):
             kv_r[j] = 0.0
+        slope_r = cuda.local.array(HPB, float32)
+        for hh in range(HPB):
+            slope_r[hh] = alibi_slopes[h0 + hh]
         m_run = cuda.local.array(HPW, float32)   # running max / exp-sum of this
         l_run = cuda.local.array(HPW, float32)   # warp's heads (same in all WPH warps)
         for j in range(HPW):
@@ -266,7 +277,10 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
                             x += cuda.shfl_xor_sync(FULL_MASK, x, o)
                             o //= 2
                         if tl < n and lane_r == 0:
-                            p_s[hh, tl] = x
+                            # variants, in order: soft cap, then ALiBi (slopes are 0 without it)
+                            if soft_cap > 0.0:
+                                x = soft_cap * math.tanh(x / soft_cap)
+                            p_s[hh, tl] = x + slope_r[hh] * float32(c0 + tl - qpos)
             cuda.syncthreads()  # wait for the chunk's logits
 
             # -- softmax: max over the chunk, shuffles in the warp, shared memory across its WPH warps

@@ -30,7 +30,7 @@ def _pools(layout, dtype):
 def decode_signatures(dtype, layout):
     """Argument types of the decode kernel: unsplit (output in ``dtype``) and split (fp32 partials)."""
     tail = (_arr(dtype, 3), *_pools(layout, dtype), _arr("int32", 2), _arr("int32", 1),
-            types.float32, types.int32)
+            types.float32, types.int32, _arr("float32", 1), types.float32, types.int32)
     return [(_arr(out_dtype, 4), _arr("float32", 3), *tail) for out_dtype in (dtype, "float32")]
 
 
