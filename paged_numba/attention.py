@@ -26,6 +26,31 @@ def _int32_device(name, x, validate):
     return dev, (dev.copy_to_host() if validate else None)
 
 
+def _padded(block_tables, seq_lens, cache, validate):
+    """Accept a padded table or FlashInfer's CSR triple; return ``(block_tables, seq_lens)``.
+
+    A CSR page table ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
+    kv_last_page_len [num_seqs])`` is converted to the padded ``[num_seqs,
+    max_blocks]`` form on the host (``seq_lens`` may then be None: it follows
+    from the CSR arrays)."""
+    if not (isinstance(block_tables, (tuple, list)) and len(block_tables) == 3):
+        if seq_lens is None:
+            raise ValueError("seq_lens is required with a padded block table.")
+        return block_tables, seq_lens
+    from .page_tables import csr_to_padded, validate_csr
+
+    indptr, indices, last = (np.asarray(_arrays.to_host(a)) for a in block_tables)
+    if validate:
+        validate_csr(indptr, indices, last, cache.num_blocks, cache.block_size)
+    tables, lens = csr_to_padded(indptr, indices, last, cache.block_size)
+    if seq_lens is not None:
+        given = np.asarray(_arrays.to_host(seq_lens))
+        if given.shape != lens.shape or not np.array_equal(given, lens):
+            raise ValueError(f"seq_lens {given.tolist()} disagree with the CSR page table, "
+                             f"which gives {lens.tolist()}.")
+    return tables, lens
+
+
 def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
     """Validated ``(alibi_slopes device [num_heads] float32, soft_cap, window)`` kernel arguments."""
     window = 0
@@ -61,7 +86,7 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, chunk=C
     return max(1, min(wanted, -(-max_context // chunk)))
 
 
-def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
+def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, return_lse=False, validate=True):
     """Decode attention over a paged KV cache: one query token per sequence.
@@ -73,10 +98,13 @@ def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
     cache : PagedKVCache
         Holds ``num_kv_heads`` heads; ``num_heads`` must be a multiple of it
         (GQA; ``num_kv_heads = 1`` is MQA).
-    block_tables : array of int32, ``[num_seqs, max_blocks]``
-        Physical block of each logical block, ``-1`` past the used ones.
+    block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSR triple
+        Physical block of each logical block, ``-1`` past the used ones; or
+        FlashInfer's ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
+        kv_last_page_len [num_seqs])`` (converted on the host).
     seq_lens : array of int32, ``[num_seqs]``
-        Tokens of each sequence in the cache, the new one included.
+        Tokens of each sequence in the cache, the new one included (may be
+        None with a CSR table).
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_size)``.
     sliding_window : int, optional
@@ -129,6 +157,7 @@ def paged_decode(query, cache, block_tables, seq_lens, scale=None, *,
         raise ValueError(
             f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
             f"{cache.num_kv_heads}.")
+    block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
     tables, tables_host = _int32_device("block_tables", block_tables, validate)
     lens, lens_host = _int32_device("seq_lens", seq_lens, validate)
     V.check_ndim("block_tables", tables, 2, "[num_seqs, max_blocks]")

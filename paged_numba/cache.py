@@ -26,10 +26,14 @@ class PagedKVCache:
         Elements per head.
     dtype : {"float16", "float32"}
         Element type of keys and values.
-    layout : {"nhd", "vllm"}
+    layout : {"nhd", "vllm", "hnd", "interleaved"}
         ``"nhd"``: key and value ``[num_blocks, block_size, num_kv_heads, head_size]``.
         ``"vllm"``: key ``[num_blocks, num_kv_heads, head_size // x, block_size, x]``
         with ``x = 16 // itemsize``, value ``[num_blocks, num_kv_heads, head_size, block_size]``.
+        ``"hnd"``: key and value ``[num_blocks, num_kv_heads, block_size, head_size]``.
+        ``"interleaved"``: one pool ``[num_blocks, 2, block_size, num_kv_heads, head_size]``
+        (each block's K, then its V at ``V_OFFSET = block_size * num_kv_heads *
+        head_size`` elements); ``key_cache`` and ``value_cache`` are that pool.
 
     Attributes
     ----------
@@ -60,7 +64,9 @@ class PagedKVCache:
         self.key_shape, self.value_shape = cache_shapes(
             layout, self.num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.dtype)
         self.key_cache = _arrays.zeros(self.key_shape, self.dtype)
-        self.value_cache = _arrays.zeros(self.value_shape, self.dtype)
+        # "interleaved" keeps K and V of a block in one buffer: both names share the pool
+        self.value_cache = (self.key_cache if layout == "interleaved"
+                            else _arrays.zeros(self.value_shape, self.dtype))
 
     @classmethod
     def from_host(cls, key_cache, value_cache, layout="nhd"):
@@ -70,10 +76,15 @@ class PagedKVCache:
             raise ValueError(
                 "key_cache and value_cache must have the same dtype, but got "
                 f"{key_cache.dtype} and {value_cache.dtype}.")
+        if layout == "interleaved" and not (value_cache is key_cache
+                                            or np.array_equal(value_cache, key_cache)):
+            raise ValueError("layout 'interleaved' has one pool: pass it as both key_cache and "
+                             "value_cache.")
         geometry = infer_geometry(key_cache.shape, value_cache.shape, layout, key_cache.dtype)
         cache = cls(*geometry, dtype=key_cache.dtype, layout=layout)
         cache.key_cache.copy_to_device(np.ascontiguousarray(key_cache))
-        cache.value_cache.copy_to_device(np.ascontiguousarray(value_cache))
+        if layout != "interleaved":      # there the one pool holds both
+            cache.value_cache.copy_to_device(np.ascontiguousarray(value_cache))
         return cache
 
     @property

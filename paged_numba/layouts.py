@@ -30,7 +30,7 @@ num_kv_heads, ``D`` = head_size):
     call (two separate copies of the pool work too).
 
 :data:`LAYOUTS` are the layouts the kernels and ``PagedKVCache`` support;
-:data:`HOST_LAYOUTS` adds the ones only these host converters know.
+:data:`HOST_LAYOUTS` (the host converters' list) is the same list.
 
 ``to_nhd`` / ``from_nhd`` move whole pools between a layout and ``"nhd"``,
 and :func:`convert` between any two layouts; the dense reference and
@@ -57,8 +57,8 @@ True
 """
 import numpy as np
 
-LAYOUTS = ("nhd", "vllm")                                 # kernels and PagedKVCache take these
-HOST_LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")      # the host converters take these
+LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")           # kernels and PagedKVCache take these
+HOST_LAYOUTS = LAYOUTS                                    # and so do the host converters
 DTYPES = ("float16", "float32")
 
 _FORMS = {  # the shapes each layout's pools must have, for error messages

@@ -21,7 +21,7 @@ def writes(draw):
         slots.insert(i, -1)
     return dict(num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
                 head_size=head_size, dtype=draw(st.sampled_from(["float16", "float32"])),
-                layout=draw(st.sampled_from(["nhd", "vllm"])),
+                layout=draw(st.sampled_from(["nhd", "vllm", "hnd", "interleaved"])),
                 slots=np.array(slots, np.int64), seed=draw(st.integers(0, 2**32 - 1)))
 
 

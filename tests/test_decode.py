@@ -26,7 +26,7 @@ else:
     SHAPES = dict(max_seq_len=3000, max_seqs=8, max_kv_heads=4)
     CONFIGS = [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,), groups=(g,))
                for hs, bs, lay, dt, g in itertools.product(
-                   (64, 80, 96, 112, 128, 256), (8, 16, 32), ("nhd", "vllm"),
+                   (64, 80, 96, 112, 128, 256), (8, 16, 32), ("nhd", "vllm", "hnd", "interleaved"),
                    ("float16", "float32"), (1, 2, 4, 8))]
 
 
@@ -239,3 +239,25 @@ def test_variant_arguments_are_checked(kwargs, message):
     cache = pn.PagedKVCache.from_host(k, v, "nhd")
     with pytest.raises(ValueError, match=message):
         pn.paged_decode(q, cache, p.block_tables, p.seq_lens, **kwargs)
+
+
+LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
+
+
+@given(decode_problems(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, max_kv_heads=2,
+                       groups=(1, 2), layouts=("nhd",)) if SIM else
+       decode_problems(max_seq_len=1000, max_seqs=4, layouts=("nhd",)))
+def test_layouts_and_page_table_forms_agree(p):
+    """The same tokens in every layout, and the table in padded or CSR form,
+    give the same output bit for bit."""
+    from paged_numba.page_tables import padded_to_csr
+    q, k, v = p.arrays()
+    outs = []
+    for layout in LAYOUTS:
+        kc, vc = pn.layouts.from_nhd(k, v, layout)
+        cache = pn.PagedKVCache.from_host(kc, vc, layout)
+        outs.append(pn.paged_decode(q, cache, p.block_tables, p.seq_lens, num_partitions=1))
+    csr = padded_to_csr(p.block_tables, p.seq_lens, p.block_size)
+    outs.append(pn.paged_decode(q, cache, csr, None, num_partitions=1))
+    for other in outs[1:]:
+        assert np.array_equal(outs[0], other)

@@ -88,8 +88,8 @@ def test_cache_rejects_bad_geometry():
         pn.PagedKVCache(0, 16, 1, 64)
     with pytest.raises(ValueError, match="dtype must be one of"):
         pn.PagedKVCache(1, 16, 1, 64, dtype="int8")
-    with pytest.raises(ValueError, match="layout must be one of .* but got 'hnd'"):
-        pn.PagedKVCache(1, 16, 1, 64, layout="hnd")
+    with pytest.raises(ValueError, match="layout must be one of .* but got 'nchw'"):
+        pn.PagedKVCache(1, 16, 1, 64, layout="nchw")
     with pytest.raises(ValueError, match="multiple of x = 8 for float16, but got head_size=12"):
         pn.PagedKVCache(1, 16, 1, 12, layout="vllm")
 

@@ -102,6 +102,42 @@ def element_accessors(layout, vec):
         def v_put(vc, blk, h, off, d, x):
             vc[blk, h, d, off] = x
 
+    elif layout == "hnd":
+
+        @device_function
+        def k_at(kc, blk, h, off, d):
+            return kc[blk, h, off, d]
+
+        @device_function
+        def v_at(vc, blk, h, off, d):
+            return vc[blk, h, off, d]
+
+        @device_function
+        def k_put(kc, blk, h, off, d, x):
+            kc[blk, h, off, d] = x
+
+        @device_function
+        def v_put(vc, blk, h, off, d, x):
+            vc[blk, h, off, d] = x
+
+    elif layout == "interleaved":   # one pool [num_blocks, 2, block_size, heads, head_size]
+
+        @device_function
+        def k_at(kc, blk, h, off, d):
+            return kc[blk, 0, off, h, d]
+
+        @device_function
+        def v_at(vc, blk, h, off, d):
+            return vc[blk, 1, off, h, d]
+
+        @device_function
+        def k_put(kc, blk, h, off, d, x):
+            kc[blk, 0, off, h, d] = x
+
+        @device_function
+        def v_put(vc, blk, h, off, d, x):
+            vc[blk, 1, off, h, d] = x
+
     else:
         raise ValueError(f"unknown layout {layout!r}")
     return k_at, v_at, k_put, v_put
@@ -114,8 +150,8 @@ def vector_accessors(layout, vec):
 
     ``k_vec(key_cache, blk, kv_head, offset, v, out, out_off)`` reads elements
     ``v * vec ... v * vec + vec - 1``. Keys are contiguous 16-byte vectors in
-    both layouts; values are contiguous in ``"nhd"`` and strided by
-    ``block_size`` in ``"vllm"``, where they are read one by one.
+    every layout; values too, except in ``"vllm"``, where they are strided by
+    ``block_size`` and read one by one.
     """
     X = vec
     _, v_at, _, _ = element_accessors(layout, vec)
@@ -128,6 +164,28 @@ def vector_accessors(layout, vec):
         @device_function
         def v_vec(vc, blk, h, off, v, out, o):
             load16(vc, ((blk * vc.shape[1] + off) * vc.shape[2] + h) * vc.shape[3] + v * X, out, o)
+
+    elif layout == "hnd":
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, ((blk * kc.shape[1] + h) * kc.shape[2] + off) * kc.shape[3] + v * X, out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            load16(vc, ((blk * vc.shape[1] + h) * vc.shape[2] + off) * vc.shape[3] + v * X, out, o)
+
+    elif layout == "interleaved":
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, ((blk * 2 * kc.shape[2] + off) * kc.shape[3] + h) * kc.shape[4] + v * X,
+                   out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            load16(vc, (((blk * 2 + 1) * vc.shape[2] + off) * vc.shape[3] + h) * vc.shape[4]
+                   + v * X, out, o)
 
     else:
 
@@ -178,7 +236,7 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
     # softmax: WPH warps share one head's logits; each warp owns HPW heads
     WPH = max(NW // HPB, 1)
     HPW = -(-HPB // NW)
-    KV_HEAD_AXIS = 2 if layout == "nhd" else 1
+    KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
     k_vec, v_vec = vector_accessors(layout, VEC)
 

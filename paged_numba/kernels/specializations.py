@@ -15,7 +15,7 @@ from .write_kv import write_kv_kernel
 HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
 HEADS_PER_BLOCK = (1, 2, 4, 8)
-LAYOUTS = ("nhd", "vllm")
+LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "float32")
 
 
@@ -24,7 +24,8 @@ def _arr(dtype, ndim):
 
 
 def _pools(layout, dtype):
-    return (_arr(dtype, 4 if layout == "nhd" else 5), _arr(dtype, 4))
+    ndim = {"nhd": (4, 4), "vllm": (5, 4), "hnd": (4, 4), "interleaved": (5, 5)}[layout]
+    return (_arr(dtype, ndim[0]), _arr(dtype, ndim[1]))
 
 
 def decode_signatures(dtype, layout):
@@ -35,18 +36,30 @@ def decode_signatures(dtype, layout):
 
 
 def all_specializations(head_sizes=HEAD_SIZES, block_sizes=BLOCK_SIZES,
-                        heads_per_block=HEADS_PER_BLOCK, layouts=LAYOUTS, dtypes=DTYPES,
-                        every_signature=False):
-    """Yield ``(name, kernel, signature)`` for each specialisation (with
-    ``every_signature``, also the split form for every block size)."""
+                        heads_per_block=HEADS_PER_BLOCK, layouts=LAYOUTS, dtypes=DTYPES):
+    """Yield ``(name, kernel, signature)`` for the kernel specialisations.
+
+    Decode: every (head size, heads per block, layout, dtype) at the middle
+    block size; every block size for one head size (``128``) with the
+    smallest and largest heads per block. Block size only enters the kernel
+    as the divisor of ``t // BLOCK_SIZE``, so this covers each factory
+    parameter against every other one the code branches on without
+    compiling the full product (about 2.5 s per compile). The split form
+    (fp32 partial output) is compiled for the smallest and largest heads per
+    block. write_kv and merge: every specialisation.
+    """
     from ..attention import CHUNK, NUM_WARPS
 
-    for hs, bs, hpb, layout, dtype in itertools.product(head_sizes, block_sizes, heads_per_block,
-                                                        layouts, dtypes):
+    mid_bs = block_sizes[len(block_sizes) // 2]
+    edge_hpb = (heads_per_block[0], heads_per_block[-1])
+    points = [(hs, mid_bs, hpb, lay, dt) for hs, hpb, lay, dt in
+              itertools.product(head_sizes, heads_per_block, layouts, dtypes)]
+    points += [(128, bs, hpb, lay, dt) for bs, hpb, lay, dt in
+               itertools.product(block_sizes, edge_hpb, layouts, dtypes) if bs != mid_bs]
+    for hs, bs, hpb, layout, dtype in points:
         kernel = decode_kernel(hs, bs, hpb, np.dtype(dtype).itemsize, layout, NUM_WARPS, CHUNK)
         unsplit, split = decode_signatures(dtype, layout)
-        # the split form differs only in the output's type: compile it for one block size
-        for sig in (unsplit, split) if every_signature or bs == block_sizes[len(block_sizes) // 2] else (unsplit,):
+        for sig in (unsplit, split) if hpb in edge_hpb and bs == mid_bs else (unsplit,):
             yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, vector_width(dtype))
