@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import currently_in_test_context, given, note
+from hypothesis import currently_in_test_context, given, note, settings
 from hypothesis import strategies as st
 
 import paged_numba as pn
@@ -244,6 +244,7 @@ def test_variant_arguments_are_checked(kwargs, message):
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 
 
+@settings(max_examples=6 if SIM else 200)   # five launches per example
 @given(decode_problems(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, max_kv_heads=2,
                        groups=(1, 2), layouts=("nhd",)) if SIM else
        decode_problems(max_seq_len=1000, max_seqs=4, layouts=("nhd",)))
