@@ -64,82 +64,49 @@ def element_accessors(layout, vec):
 
     ``k_at(key_cache, block, kv_head, offset, d)`` reads element ``d`` of the
     token at ``offset`` in physical ``block``; the ``put`` forms write one.
+    Each layout is defined by where that element sits in the K and V pools.
     """
     X = vec
     if layout == "nhd":
-
-        @device_function
-        def k_at(kc, blk, h, off, d):
-            return kc[blk, off, h, d]
-
-        @device_function
-        def v_at(vc, blk, h, off, d):
-            return vc[blk, off, h, d]
-
-        @device_function
-        def k_put(kc, blk, h, off, d, x):
-            kc[blk, off, h, d] = x
-
-        @device_function
-        def v_put(vc, blk, h, off, d, x):
-            vc[blk, off, h, d] = x
-
+        def k_index(blk, h, off, d):
+            return (blk, off, h, d)
+        v_index = k_index
     elif layout == "vllm":
+        def k_index(blk, h, off, d):
+            return (blk, h, d // X, off, d % X)
 
-        @device_function
-        def k_at(kc, blk, h, off, d):
-            return kc[blk, h, d // X, off, d % X]
-
-        @device_function
-        def v_at(vc, blk, h, off, d):
-            return vc[blk, h, d, off]
-
-        @device_function
-        def k_put(kc, blk, h, off, d, x):
-            kc[blk, h, d // X, off, d % X] = x
-
-        @device_function
-        def v_put(vc, blk, h, off, d, x):
-            vc[blk, h, d, off] = x
-
+        def v_index(blk, h, off, d):
+            return (blk, h, d, off)
     elif layout == "hnd":
-
-        @device_function
-        def k_at(kc, blk, h, off, d):
-            return kc[blk, h, off, d]
-
-        @device_function
-        def v_at(vc, blk, h, off, d):
-            return vc[blk, h, off, d]
-
-        @device_function
-        def k_put(kc, blk, h, off, d, x):
-            kc[blk, h, off, d] = x
-
-        @device_function
-        def v_put(vc, blk, h, off, d, x):
-            vc[blk, h, off, d] = x
-
+        def k_index(blk, h, off, d):
+            return (blk, h, off, d)
+        v_index = k_index
     elif layout == "interleaved":   # one pool [num_blocks, 2, block_size, heads, head_size]
+        def k_index(blk, h, off, d):
+            return (blk, 0, off, h, d)
 
-        @device_function
-        def k_at(kc, blk, h, off, d):
-            return kc[blk, 0, off, h, d]
-
-        @device_function
-        def v_at(vc, blk, h, off, d):
-            return vc[blk, 1, off, h, d]
-
-        @device_function
-        def k_put(kc, blk, h, off, d, x):
-            kc[blk, 0, off, h, d] = x
-
-        @device_function
-        def v_put(vc, blk, h, off, d, x):
-            vc[blk, 1, off, h, d] = x
-
+        def v_index(blk, h, off, d):
+            return (blk, 1, off, h, d)
     else:
         raise ValueError(f"unknown layout {layout!r}")
+    k_index, v_index = device_function(k_index), device_function(v_index)
+
+    @device_function
+    def k_at(kc, blk, h, off, d):
+        return kc[k_index(blk, h, off, d)]
+
+    @device_function
+    def v_at(vc, blk, h, off, d):
+        return vc[v_index(blk, h, off, d)]
+
+    @device_function
+    def k_put(kc, blk, h, off, d, x):
+        kc[k_index(blk, h, off, d)] = x
+
+    @device_function
+    def v_put(vc, blk, h, off, d, x):
+        vc[v_index(blk, h, off, d)] = x
+
     return k_at, v_at, k_put, v_put
 
 
