@@ -19,7 +19,7 @@ from . import _simulator  # noqa: E402
 
 _simulator.install()
 
-from . import layouts, page_tables  # noqa: E402
+from . import layouts, page_tables  # noqa: E402,F401  (pn.layouts, pn.page_tables)
 from .allocator import BlockAllocator, OutOfBlocksError  # noqa: E402
 from .attention import DecodePlan, merge_states, paged_decode  # noqa: E402
 from .cache import PagedKVCache  # noqa: E402

@@ -2,7 +2,6 @@
 with a message that names the offending value."""
 import numpy as np
 
-from . import _arrays
 
 MAX_HEAD_SIZE = 256
 
@@ -70,18 +69,3 @@ def check_tables(block_tables, seq_lens, num_blocks, block_size):
             f"block_tables[{i}, {j}] is {int(block_tables[i, j])}, but sequence {i} "
             f"(seq_len {int(seq_lens[i])}) uses its first {int(used[i])} entries, which must "
             f"be block ids in [0, {num_blocks}).")
-
-
-def host_int32(name, x):
-    """Host int32 copy of an integer array (for checks), and the array to launch
-    with: NumPy input is converted to int32, device input must already be int32."""
-    check_int_array(name, x)
-    if isinstance(x, np.ndarray):
-        return x.astype(np.int32), x.astype(np.int32)
-    if np.dtype(x.dtype) != np.int32:
-        raise ValueError(f"{name} on the device must be int32, but got {np.dtype(x.dtype).name}.")
-    return None, x
-
-
-def host_copy(x):
-    return np.asarray(_arrays.to_host(x))

@@ -371,7 +371,7 @@ class DecodePlan:
         """
         inputs = (query, block_tables, seq_lens)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
-            self._pack(inputs, validate=True)
+            self._pack(inputs)   # new buffers: checked (host copies) and packed once
         elif validate:
             self._check(inputs)
         stream = _launch.as_stream(stream)
@@ -400,7 +400,7 @@ class DecodePlan:
         V.check_tables(tables_host, lens_host, self.cache.num_blocks, self.cache.block_size)
         return q, tables, lens
 
-    def _pack(self, inputs, validate):
+    def _pack(self, inputs):
         q, tables, lens = self._check(inputs)
         args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
