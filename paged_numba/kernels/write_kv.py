@@ -13,7 +13,7 @@ import functools
 
 from numba import cuda
 
-from .decode import element_accessors
+from .access import element_accessors
 
 
 @functools.cache

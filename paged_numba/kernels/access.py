@@ -1,0 +1,131 @@
+"""Where a token's key and value elements sit in each cache layout, as
+device functions the kernels share (decode, prefill, write_kv).
+
+Each layout is defined once, by the index of element ``d`` of KV head ``h``
+of the token at ``offset`` in physical block ``blk``; the scalar and the
+16-byte vector accessors are built from it.
+"""
+import functools
+
+from numba import config, cuda, float32
+
+from .vector import load16
+
+
+def device_function(fn):
+    """Compile ``fn`` as an inlined device function; under the simulator keep
+    the plain Python function (the simulator's device-call wrapper costs more
+    than the element access it wraps)."""
+    if config.ENABLE_CUDASIM:
+        return fn
+    return cuda.jit(device=True, inline=True)(fn)
+
+
+@functools.cache
+def element_accessors(layout, vec):
+    """Device functions ``(k_at, v_at, k_put, v_put)`` for one cache layout.
+
+    ``k_at(key_cache, block, kv_head, offset, d)`` reads element ``d`` of the
+    token at ``offset`` in physical ``block``; the ``put`` forms write one.
+    Each layout is defined by where that element sits in the K and V pools.
+    """
+    X = vec
+    if layout == "nhd":
+        def k_index(blk, h, off, d):
+            return (blk, off, h, d)
+        v_index = k_index
+    elif layout == "vllm":
+        def k_index(blk, h, off, d):
+            return (blk, h, d // X, off, d % X)
+
+        def v_index(blk, h, off, d):
+            return (blk, h, d, off)
+    elif layout == "hnd":
+        def k_index(blk, h, off, d):
+            return (blk, h, off, d)
+        v_index = k_index
+    elif layout == "interleaved":   # one pool [num_blocks, 2, block_size, heads, head_size]
+        def k_index(blk, h, off, d):
+            return (blk, 0, off, h, d)
+
+        def v_index(blk, h, off, d):
+            return (blk, 1, off, h, d)
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    k_index, v_index = device_function(k_index), device_function(v_index)
+
+    @device_function
+    def k_at(kc, blk, h, off, d):
+        return kc[k_index(blk, h, off, d)]
+
+    @device_function
+    def v_at(vc, blk, h, off, d):
+        return vc[v_index(blk, h, off, d)]
+
+    @device_function
+    def k_put(kc, blk, h, off, d, x):
+        kc[k_index(blk, h, off, d)] = x
+
+    @device_function
+    def v_put(vc, blk, h, off, d, x):
+        vc[v_index(blk, h, off, d)] = x
+
+    return k_at, v_at, k_put, v_put
+
+
+@functools.cache
+def vector_accessors(layout, vec):
+    """Device functions ``(k_vec, v_vec)`` that copy one 16-byte vector (``vec``
+    elements of a head row) of a token's key or value into a float32 array.
+
+    ``k_vec(key_cache, blk, kv_head, offset, v, out, out_off)`` reads elements
+    ``v * vec ... v * vec + vec - 1``. Keys are contiguous 16-byte vectors in
+    every layout; values too, except in ``"vllm"``, where they are strided by
+    ``block_size`` and read one by one.
+    """
+    X = vec
+    _, v_at, _, _ = element_accessors(layout, vec)
+    if layout == "nhd":
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, ((blk * kc.shape[1] + off) * kc.shape[2] + h) * kc.shape[3] + v * X, out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            load16(vc, ((blk * vc.shape[1] + off) * vc.shape[2] + h) * vc.shape[3] + v * X, out, o)
+
+    elif layout == "hnd":
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, ((blk * kc.shape[1] + h) * kc.shape[2] + off) * kc.shape[3] + v * X, out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            load16(vc, ((blk * vc.shape[1] + h) * vc.shape[2] + off) * vc.shape[3] + v * X, out, o)
+
+    elif layout == "interleaved":
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, ((blk * 2 * kc.shape[2] + off) * kc.shape[3] + h) * kc.shape[4] + v * X,
+                   out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            load16(vc, (((blk * 2 + 1) * vc.shape[2] + off) * vc.shape[3] + h) * vc.shape[4]
+                   + v * X, out, o)
+
+    else:
+
+        @device_function
+        def k_vec(kc, blk, h, off, v, out, o):
+            load16(kc, (((blk * kc.shape[1] + h) * kc.shape[2] + v) * kc.shape[3] + off) * X, out, o)
+
+        @device_function
+        def v_vec(vc, blk, h, off, v, out, o):
+            for e in range(X):
+                out[o + e] = float32(v_at(vc, blk, h, off, v * X + e))
+
+    return k_vec, v_vec
