@@ -2,6 +2,8 @@
 with a message that names the offending value."""
 import numpy as np
 
+from ._arrays import BFLOAT16, logical_dtype, storage_dtype
+
 
 MAX_HEAD_SIZE = 256
 
@@ -15,10 +17,23 @@ def check_ndim(name, x, ndim, meaning):
         raise ValueError(f"{name} must be {meaning}, but got shape {shape_of(x)}.")
 
 
-def check_dtype(name, x, expected):
-    if np.dtype(x.dtype) != np.dtype(expected):
+def dtype_matches(x, expected):
+    """True when array ``x`` holds logical dtype ``expected``: its own dtype is
+    ``expected``, or ``expected`` is bfloat16 and ``x`` is a device array of
+    its uint16 bit patterns (a NumPy uint16 array is not taken as bf16)."""
+    expected = np.dtype(expected)
+    got = logical_dtype(x)
+    if got == expected:
+        return True
+    return (expected == BFLOAT16 and got == storage_dtype(expected)
+            and not isinstance(x, np.ndarray))
+
+
+def check_dtype(name, x, expected, what="the cache"):
+    """``x`` (the caller's array, or its device array) holds logical dtype ``expected``."""
+    if not dtype_matches(x, expected):
         raise ValueError(
-            f"{name} must have the same dtype as the cache, but got {np.dtype(x.dtype).name} "
+            f"{name} must have the same dtype as {what}, but got {logical_dtype(x).name} "
             f"and {np.dtype(expected).name}.")
 
 
@@ -36,8 +51,9 @@ def check_cache(cache):
 
 
 def check_int_array(name, x):
-    if not np.issubdtype(np.dtype(x.dtype), np.integer):
-        raise ValueError(f"{name} must hold integers, but got dtype {np.dtype(x.dtype).name}.")
+    dtype = logical_dtype(x)
+    if not np.issubdtype(dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, but got dtype {dtype.name}.")
 
 
 def check_tables(block_tables, seq_lens, num_blocks, block_size):

@@ -24,8 +24,10 @@ class PagedKVCache:
         Key/value heads.
     head_size : int
         Elements per head.
-    dtype : {"float16", "float32"}
-        Element type of keys and values.
+    dtype : {"float16", "float32", "bfloat16"}
+        Element type of keys and values. ``"bfloat16"`` pools hold the bf16 bit
+        patterns in ``uint16`` device arrays; on the host (``to_host``,
+        ``gather``, ``from_host``) they are ``ml_dtypes.bfloat16`` arrays.
     layout : {"nhd", "vllm", "hnd", "interleaved"}
         ``"nhd"``: key and value ``[num_blocks, block_size, num_kv_heads, head_size]``.
         ``"vllm"``: key ``[num_blocks, num_kv_heads, head_size // x, block_size, x]``
@@ -38,7 +40,9 @@ class PagedKVCache:
     Attributes
     ----------
     key_cache, value_cache : device arrays
-        The pools, zero-initialised, in ``layout``.
+        The pools, zero-initialised, in ``layout`` (``uint16`` for bfloat16).
+    dtype : numpy.dtype
+        The logical element type (``ml_dtypes.bfloat16`` for bfloat16).
 
     Examples
     --------
@@ -48,6 +52,11 @@ class PagedKVCache:
     (4, 16, 2, 64)
     >>> cache.nbytes
     32768
+    >>> bf = PagedKVCache(4, 16, 2, 64, dtype="bfloat16", layout="vllm")   # x = 16 // 2 = 8
+    >>> bf.dtype, bf.key_cache.dtype, bf.key_cache.shape
+    (dtype(bfloat16), dtype('uint16'), (4, 2, 8, 16, 8))
+    >>> bf.to_host()[0].dtype
+    dtype(bfloat16)
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_size,
@@ -82,9 +91,9 @@ class PagedKVCache:
                              "value_cache.")
         geometry = infer_geometry(key_cache.shape, value_cache.shape, layout, key_cache.dtype)
         cache = cls(*geometry, dtype=key_cache.dtype, layout=layout)
-        cache.key_cache.copy_to_device(np.ascontiguousarray(key_cache))
+        cache.key_cache.copy_to_device(_arrays.host_bits(key_cache))
         if layout != "interleaved":      # there the one pool holds both
-            cache.value_cache.copy_to_device(np.ascontiguousarray(value_cache))
+            cache.value_cache.copy_to_device(_arrays.host_bits(value_cache))
         return cache
 
     @property
@@ -98,9 +107,13 @@ class PagedKVCache:
         return 2 * self.num_slots * self.num_kv_heads * self.head_size * self.dtype.itemsize
 
     def to_host(self, layout="nhd"):
-        """Copy both pools to the host, converted to ``layout``."""
-        k, v = to_nhd(self.key_cache.copy_to_host(), self.value_cache.copy_to_host(), self.layout)
+        """Copy both pools to the host, converted to ``layout``, in :attr:`dtype`."""
+        k, v = to_nhd(self._host(self.key_cache), self._host(self.value_cache), self.layout)
         return from_nhd(k, v, layout)
+
+    def _host(self, pool):
+        """A copy of device ``pool`` (or a slice of it) in the logical dtype."""
+        return _arrays.to_host(pool, self.dtype)
 
     def gather(self, block_table_row, seq_len):
         """Un-page one sequence: its keys and values in token order.
@@ -132,8 +145,8 @@ class PagedKVCache:
             return np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
         ks, vs = [], []
         for b in blocks:  # one small copy per block: this is a debugging aid
-            k, v = to_nhd(self.key_cache[b:b + 1].copy_to_host(),
-                          self.value_cache[b:b + 1].copy_to_host(), self.layout)
+            k, v = to_nhd(self._host(self.key_cache[b:b + 1]),
+                          self._host(self.value_cache[b:b + 1]), self.layout)
             ks.append(k[0])
             vs.append(v[0])
         k = np.concatenate(ks)[:seq_len]

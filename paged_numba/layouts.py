@@ -55,11 +55,12 @@ True
 >>> [a.shape for a in convert(k, -k, "nhd", "vllm")]     # x = 16 // 2 = 8
 [(2, 2, 1, 3, 8), (2, 2, 8, 3)]
 """
+import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype)
 import numpy as np
 
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")           # kernels and PagedKVCache take these
 HOST_LAYOUTS = LAYOUTS                                    # and so do the host converters
-DTYPES = ("float16", "float32")
+DTYPES = ("float16", "float32", "bfloat16")               # bfloat16: ml_dtypes.bfloat16 on the host
 
 _FORMS = {  # the shapes each layout's pools must have, for error messages
     "nhd": "key and value of one shape [num_blocks, block_size, num_kv_heads, head_size]",
@@ -71,7 +72,11 @@ _FORMS = {  # the shapes each layout's pools must have, for error messages
 
 
 def vector_width(dtype):
-    """Elements in one 16-byte vector of ``dtype`` (vLLM's ``x``)."""
+    """Elements in one 16-byte vector of ``dtype`` (vLLM's ``x``).
+
+    >>> vector_width("float16"), vector_width("bfloat16"), vector_width("float32")
+    (8, 8, 4)
+    """
     return 16 // np.dtype(dtype).itemsize
 
 

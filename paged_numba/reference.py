@@ -5,6 +5,9 @@ attention with GQA (query head ``h`` reads KV head ``h // (num_heads //
 num_kv_heads)``). Everything is computed in ``dtype`` (float64 by default;
 float32 gives the "independent low-precision computation" whose error sets
 the kernels' tolerances). No kernel imports this module.
+
+Inputs may be any float dtype NumPy can cast, ``ml_dtypes.bfloat16`` included:
+every function converts with ``np.asarray(x, dtype)``, which is exact from bf16.
 """
 import math
 

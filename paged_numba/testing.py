@@ -23,6 +23,7 @@ Examples
 import dataclasses
 import math
 
+import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
@@ -30,6 +31,8 @@ from .layouts import from_nhd
 from .reference import gather_kv, logits, paged_decode_reference
 
 GQA_GROUPS = (1, 2, 4, 8)
+ALL_DTYPES = ("float16", "float32", "bfloat16")   # every dtype the kernels store
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def lengths(block_size, max_len):
@@ -94,13 +97,14 @@ class DecodeProblem:
 
     def arrays(self):
         """Random ``query [num_seqs, num_heads, head_size]`` and ``"nhd"`` pools
-        ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``."""
+        ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``
+        (``ml_dtypes.bfloat16`` arrays for ``"bfloat16"``)."""
         rng = np.random.default_rng(self.seed)
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         q = rng.standard_normal((self.num_seqs, self.num_heads, self.head_size))
         k = rng.standard_normal(shape)
         v = rng.standard_normal(shape)
-        return tuple(a.astype(self.dtype) for a in (q, k, v))
+        return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
 
     def layout_pools(self, k, v):
         """``(key_cache, value_cache)`` host pools in this problem's layout."""
@@ -205,14 +209,37 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
     return bound, bound_lse
 
 
+def ulp(x, dtype):
+    """One unit in the last place of ``dtype`` at ``|x|`` rounded to ``dtype``
+    (``np.spacing`` of it), as float64.
+
+    bfloat16 (8 significant bits, exponents -126..127) is computed here:
+    ``2 ** (e - 7)`` for a value in ``[2**e, 2**(e + 1))``, and ``2 ** -133``
+    (the smallest subnormal) below ``2 ** -126`` and at zero; inf and NaN give NaN.
+
+    >>> ulp(np.array([1.0, 1.5, 0.0, 3.0e38]), "bfloat16").tolist()   # 2**-7, 2**-7, 2**-133, 2**120
+    [0.0078125, 0.0078125, 9.183549615799121e-41, 1.329227995784916e+36]
+    """
+    dtype = np.dtype(dtype)
+    r = np.abs(np.asarray(x, np.float64)).astype(dtype)
+    if dtype != BFLOAT16:
+        return np.spacing(r).astype(np.float64)
+    r = r.astype(np.float64)
+    # r = m 2**e with m in [0.5, 1): leading bit 2**(e - 1), 7 more bits below it;
+    # subnormals and zero have the spacing of the smallest normal, 2**-126
+    _, e = np.frexp(np.maximum(r, 2.0 ** -126))
+    return np.where(np.isfinite(r), np.ldexp(1.0, e - 8), np.nan)
+
+
 def check_close(out, ref64, bound, what="output"):
-    """Assert ``|out - ref64| <= bound + spacing(ref64)`` everywhere, where the
-    spacing (one ulp of ``out``'s dtype at the reference value) covers the final
-    rounding to that dtype. Returns the largest error over its bound."""
+    """Assert ``|out - ref64| <= bound + ulp(ref64)`` everywhere, where the
+    ulp (one unit in the last place of ``out``'s dtype at the reference value,
+    :func:`ulp`) covers the final rounding to that dtype. Returns the largest
+    error over its bound."""
     out = np.asarray(out)
     assert not np.isnan(out).any(), f"{what} has NaN"
     err = np.abs(out.astype(np.float64) - ref64)
-    allowed = bound + np.spacing(np.abs(ref64).astype(out.dtype)).astype(np.float64)
+    allowed = bound + ulp(ref64, out.dtype)
     bad = err > allowed
     if bad.any():
         i = tuple(int(a[0]) for a in np.nonzero(bad))

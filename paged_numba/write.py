@@ -18,7 +18,9 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
     ----------
     cache : PagedKVCache
     key, value : arrays, ``[num_tokens, num_kv_heads, head_size]``
-        NumPy or CUDA arrays of the cache's dtype.
+        NumPy or CUDA arrays of the cache's dtype. For a bfloat16 cache: NumPy
+        ``ml_dtypes.bfloat16`` arrays, ``torch.bfloat16`` CUDA tensors, or
+        device arrays of the bf16 bit patterns (``uint16``).
     slot_mapping : array of int, ``[num_tokens]``
         Slot of each token; ``-1`` marks a padding token, which is skipped.
     validate : bool
@@ -35,18 +37,28 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
     >>> K, V = cache.gather([1, 0], 8)                    # logical order: block 1 then block 0
     >>> K[:, 0, 0].tolist(), V[:, 0, 0].tolist()
     ([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0])
+
+    bfloat16 goes in and comes out as ``ml_dtypes.bfloat16``:
+
+    >>> import ml_dtypes
+    >>> bf = PagedKVCache(num_blocks=1, block_size=4, num_kv_heads=1, head_size=8, dtype="bfloat16")
+    >>> write_kv(bf, np.full((1, 1, 8), 1.5, ml_dtypes.bfloat16), np.zeros((1, 1, 8), ml_dtypes.bfloat16),
+    ...          np.array([2]))
+    >>> K, _ = bf.gather([0], 3)
+    >>> K.dtype, K[:, 0, 0].tolist()
+    (dtype(bfloat16), [0.0, 0.0, 1.5])
     """
     V.check_cache(cache)
     k, _ = _arrays.as_device(key, "key")
     v, _ = _arrays.as_device(value, "value")
     expected = (cache.num_kv_heads, cache.head_size)
-    for name, x in (("key", k), ("value", v)):
+    for name, x, given in (("key", k, key), ("value", v, value)):
         V.check_ndim(name, x, 3, "[num_tokens, num_kv_heads, head_size]")
         if V.shape_of(x)[1:] != expected:
             raise ValueError(
                 f"{name} must be [num_tokens, {expected[0]}, {expected[1]}] for this cache, "
                 f"but got {V.shape_of(x)}.")
-        V.check_dtype(name, x, cache.dtype)
+        V.check_dtype(name, given, cache.dtype)   # the caller's array: bf16 is uint16 on device
     if V.shape_of(k) != V.shape_of(v):
         raise ValueError(
             f"key and value must have the same shape, but got {V.shape_of(k)} and {V.shape_of(v)}.")

@@ -20,7 +20,8 @@ def writes(draw):
     for i in sorted(pads, reverse=True):
         slots.insert(i, -1)
     return dict(num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
-                head_size=head_size, dtype=draw(st.sampled_from(["float16", "float32"])),
+                head_size=head_size,
+                dtype=draw(st.sampled_from(["float16", "float32", "bfloat16"])),
                 layout=draw(st.sampled_from(["nhd", "vllm", "hnd", "interleaved"])),
                 slots=np.array(slots, np.int64), seed=draw(st.integers(0, 2**32 - 1)))
 
@@ -28,13 +29,10 @@ def writes(draw):
 @given(writes())
 def test_write_then_gather_returns_what_was_written(w):
     rng = np.random.default_rng(w["seed"])
-    cache = pn.PagedKVCache(w["num_blocks"], w["block_size"], w["num_kv_heads"], w["head_size"],
-                            w["dtype"], w["layout"])
     before_k, before_v = (rng.standard_normal((w["num_blocks"], w["block_size"], w["num_kv_heads"],
                                                w["head_size"])).astype(w["dtype"]) for _ in "kv")
-    kc, vc = from_nhd(before_k, before_v, w["layout"])
-    cache.key_cache.copy_to_device(kc)
-    cache.value_cache.copy_to_device(vc)
+    cache = pn.PagedKVCache.from_host(*from_nhd(before_k, before_v, w["layout"]), w["layout"])
+    assert cache.dtype == np.dtype(w["dtype"])
     n = len(w["slots"])
     key = rng.standard_normal((n, w["num_kv_heads"], w["head_size"])).astype(w["dtype"])
     value = rng.standard_normal(key.shape).astype(w["dtype"])
@@ -77,7 +75,7 @@ def test_new_cache_is_zero_and_repr_shows_bytes():
     assert f"{cache.nbytes} bytes" in repr(cache) and "layout='vllm'" in repr(cache)
 
 
-@given(st.sampled_from(["float16", "float32"]), st.integers(1, 3), st.integers(1, 4),
+@given(st.sampled_from(["float16", "float32", "bfloat16"]), st.integers(1, 3), st.integers(1, 4),
        st.sampled_from([8, 16, 24]), st.integers(1, 9))
 def test_layout_round_trip(dtype, nb, nkv, hd, bs):
     rng = np.random.default_rng(0)

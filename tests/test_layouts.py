@@ -26,7 +26,7 @@ def _load(path: Path):
 lay = _load(LAYOUTS_PY)
 ALL = lay.HOST_LAYOUTS
 PAIRS = list(itertools.product(ALL, ALL))
-DTYPES = ["float16", "float32"]
+DTYPES = ["float16", "float32", "bfloat16"]
 
 
 def test_import_does_not_import_numba():

@@ -81,6 +81,8 @@ def test_write_kv_rejects_shape_and_dtype(setup):
         pn.write_kv(cache, key[..., :8], key, np.arange(3))
     with pytest.raises(ValueError, match="value must have the same dtype as the cache, but got float32"):
         pn.write_kv(cache, key, key.astype(np.float32), np.arange(3))
+    with pytest.raises(ValueError, match="key must have the same dtype as the cache, but got bfloat16 and float16"):
+        pn.write_kv(cache, key.astype("bfloat16"), key, np.arange(3))
 
 
 def test_cache_rejects_bad_geometry():

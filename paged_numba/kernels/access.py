@@ -7,18 +7,10 @@ of the token at ``offset`` in physical block ``blk``; the scalar and the
 """
 import functools
 
-from numba import config, cuda, float32
-
+from .convert import codec, device_function
 from .vector import load16
 
-
-def device_function(fn):
-    """Compile ``fn`` as an inlined device function; under the simulator keep
-    the plain Python function (the simulator's device-call wrapper costs more
-    than the element access it wraps)."""
-    if config.ENABLE_CUDASIM:
-        return fn
-    return cuda.jit(device=True, inline=True)(fn)
+_ITEMSIZE = {"float16": 2, "float32": 4, "bfloat16": 2}
 
 
 @functools.cache
@@ -74,16 +66,32 @@ def element_accessors(layout, vec):
 
 
 @functools.cache
-def vector_accessors(layout, vec):
-    """Device functions ``(k_vec, v_vec)`` that copy one 16-byte vector (``vec``
-    elements of a head row) of a token's key or value into a float32 array.
+def vector_accessors(layout, dtype):
+    """Device functions ``(k_vec, v_vec)`` that copy one 16-byte vector (``vec =
+    16 // itemsize`` elements of a head row) of a token's key or value into a
+    float32 array, converted with ``codec(dtype)``.
+
+    ``dtype`` is the storage dtype's name: ``"float16"``, ``"float32"`` or
+    ``"bfloat16"`` (pools of bf16 bit patterns in ``uint16``; ``vec = 8``).
+    For callers written before bfloat16, an int is taken as ``vec`` of a
+    float16 (8) or float32 (4) cache, whose conversion is the same
+    ``float32(x)``.
 
     ``k_vec(key_cache, blk, kv_head, offset, v, out, out_off)`` reads elements
     ``v * vec ... v * vec + vec - 1``. Keys are contiguous 16-byte vectors in
     every layout; values too, except in ``"vllm"``, where they are strided by
     ``block_size`` and read one by one.
     """
+    if isinstance(dtype, int):          # the old (layout, vec) signature
+        vec, dtype = dtype, {8: "float16", 4: "float32"}[dtype]
+    else:
+        dtype = getattr(dtype, "name", dtype)
+        if dtype not in _ITEMSIZE:
+            raise ValueError(f"no vector accessors for dtype {dtype!r}; supported: "
+                             f"{tuple(_ITEMSIZE)}")
+        vec = 16 // _ITEMSIZE[dtype]
     X = vec
+    to_f32, _ = codec(dtype)
     _, v_at, _, _ = element_accessors(layout, vec)
     if layout == "nhd":
 
@@ -126,6 +134,6 @@ def vector_accessors(layout, vec):
         @device_function
         def v_vec(vc, blk, h, off, v, out, o):
             for e in range(X):
-                out[o + e] = float32(v_at(vc, blk, h, off, v * X + e))
+                out[o + e] = to_f32(v_at(vc, blk, h, off, v * X + e))
 
     return k_vec, v_vec

@@ -1,9 +1,12 @@
 """16-byte vector loads.
 
 ``load16(arr, flat, out, out_off)`` reads the 16 bytes of ``arr`` starting at
-flat element index ``flat`` (4 float32 or 8 float16 values, which must be
-16-byte aligned: ``flat * itemsize % 16 == 0`` in a C-contiguous array) and
-writes them, converted to float32, to ``out[out_off:out_off + 16 // itemsize]``.
+flat element index ``flat`` (4 float32, 8 float16 or 8 bfloat16 values, which
+must be 16-byte aligned: ``flat * itemsize % 16 == 0`` in a C-contiguous
+array) and writes them, converted to float32, to
+``out[out_off:out_off + 16 // itemsize]``. A ``uint16`` array holds bfloat16
+bit patterns (see ``convert.py``): each becomes the float32 with bits
+``u << 16``.
 
 On the GPU it is a numba ``@intrinsic`` that bitcasts the element pointer to
 a ``<N x T>`` vector and loads it with ``align 16``, which compiles to one
@@ -11,6 +14,7 @@ a ``<N x T>`` vector and loads it with ``align 16``, which compiles to one
 vectorise consecutive scalar loads by itself. Under the simulator a plain
 Python function with the same meaning stands in.
 """
+import numpy as np
 from numba import config, float32, types
 
 
@@ -24,8 +28,14 @@ if config.ENABLE_CUDASIM:
 
     def load16(arr, flat, out, out_off):
         a = _host_flat(arr)
-        for e in range(16 // a.itemsize):
-            out[out_off + e] = float32(a[flat + e])
+        n = 16 // a.itemsize
+        if a.dtype == np.uint16:        # bfloat16 bit patterns
+            vals = (a[flat:flat + n].astype(np.uint32) << 16).view(np.float32)
+            for e in range(n):
+                out[out_off + e] = vals[e]
+        else:
+            for e in range(n):
+                out[out_off + e] = float32(a[flat + e])
 
 else:
     from llvmlite import ir
@@ -33,7 +43,8 @@ else:
 
     @intrinsic
     def load16(typingctx, arr, flat, out, out_off):
-        if not (isinstance(arr, types.Array) and arr.dtype in (types.float16, types.float32)
+        if not (isinstance(arr, types.Array)
+                and arr.dtype in (types.float16, types.float32, types.uint16)
                 and isinstance(out, types.Array) and out.dtype == types.float32):
             return None
         sig = types.void(arr, flat, out, out_off)
@@ -51,7 +62,10 @@ else:
             f32 = ir.FloatType()
             for e in range(n):
                 x = builder.extract_element(vec, ir.Constant(ir.IntType(32), e))
-                if arr_ty.dtype != types.float32:
+                if arr_ty.dtype == types.uint16:            # bf16 bits: the upper half of an f32
+                    x = builder.shl(builder.zext(x, ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+                    x = builder.bitcast(x, f32)
+                elif arr_ty.dtype != types.float32:
                     if not isinstance(elem, ir.HalfType):   # fp16 may be carried as i16
                         x = builder.bitcast(x, ir.HalfType())
                     x = builder.fpext(x, f32)
