@@ -23,6 +23,7 @@ from . import layouts, page_tables  # noqa: E402,F401  (pn.layouts, pn.page_tabl
 from .allocator import BlockAllocator, OutOfBlocksError  # noqa: E402
 from .attention import DecodePlan, merge_states, paged_decode  # noqa: E402
 from .cache import PagedKVCache  # noqa: E402
+from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
 
 __version__ = "0.1.0"

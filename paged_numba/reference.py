@@ -111,3 +111,41 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
         o, s = attention(query[i:i + 1], k, v, scale, dtype, **variants)
         out[i], lse[i] = o[0], s[0]
     return out, lse
+
+
+def paged_prefill_reference(query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                            scale=None, layout="nhd", dtype=np.float64, causal=True, **variants):
+    """Reference for :func:`paged_numba.paged_prefill` on host arrays.
+
+    Parameters
+    ----------
+    query : ``[total_q, num_heads, head_size]``, packed by ``cu_seqlens_q``
+    key_cache, value_cache : pools in ``layout``
+    block_tables : ``[num_seqs, max_blocks]``
+    cu_seqlens_q : ``[num_seqs + 1]``
+    seq_lens : ``[num_seqs]``, cached tokens plus this step's
+
+    causal : query ``j`` of sequence ``i`` sits at position
+        ``seq_lens[i] - q_len_i + j`` and, if True, attends to keys up to it.
+    variants : ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap`` as in :func:`logits`.
+
+    Returns
+    -------
+    out : ``[total_q, num_heads, head_size]`` and lse : ``[total_q, num_heads]``, in ``dtype``
+    """
+    query = np.asarray(query)
+    key_cache, value_cache = to_nhd(np.asarray(key_cache), np.asarray(value_cache), layout)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    cu = np.asarray(cu_seqlens_q)
+    out = np.zeros(query.shape, dtype)
+    lse = np.full(query.shape[:2], -np.inf, dtype)
+    for i, n in enumerate(np.asarray(seq_lens)):
+        a, b = int(cu[i]), int(cu[i + 1])
+        if a == b:
+            continue
+        k, v = gather_kv(key_cache, value_cache, np.asarray(block_tables)[i], n)
+        pos = int(n) - (b - a) + np.arange(b - a)
+        out[a:b], lse[a:b] = attention(query[a:b], k, v, scale, dtype, q_positions=pos,
+                                       causal=causal, **variants)
+    return out, lse

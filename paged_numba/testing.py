@@ -278,3 +278,170 @@ def variants(draw, num_heads, max_window=64):
     if draw(st.booleans()):
         out["logits_soft_cap"] = draw(st.sampled_from([0.5, 5.0, 30.0, 50.0]))
     return out
+
+
+# -- prefill ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class PrefillProblem:
+    """One paged-prefill case: query lengths, cache lengths, tables and a seed.
+
+    Sequence ``i`` has ``q_lens[i] >= 1`` query tokens, the newest of its
+    ``seq_lens[i] >= q_lens[i]`` tokens in the cache (so ``seq_lens[i] -
+    q_lens[i]`` were cached before this step)."""
+
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    num_blocks: int
+    layout: str
+    dtype: str
+    q_lens: np.ndarray          # [num_seqs] int32
+    seq_lens: np.ndarray        # [num_seqs] int32
+    block_tables: np.ndarray    # [num_seqs, max_blocks] int32
+    seed: int
+
+    @property
+    def cu_seqlens_q(self):
+        """``[num_seqs + 1]`` int32: query rows of sequence ``i`` are ``cu[i]:cu[i + 1]``."""
+        return np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int32)
+
+    @property
+    def total_q(self):
+        return int(np.sum(self.q_lens))
+
+    @property
+    def max_blocks(self):
+        return self.block_tables.shape[1]
+
+    def arrays(self):
+        """Random ``query [total_q, num_heads, head_size]`` and ``"nhd"`` pools
+        ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``."""
+        rng = np.random.default_rng(self.seed)
+        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        q = rng.standard_normal((self.total_q, self.num_heads, self.head_size))
+        k = rng.standard_normal(shape)
+        v = rng.standard_normal(shape)
+        return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
+
+    def layout_pools(self, k, v):
+        """``(key_cache, value_cache)`` host pools in this problem's layout."""
+        return from_nhd(k, v, self.layout)
+
+
+@st.composite
+def prefill_problems(draw, head_sizes=(16, 32, 64, 128), block_sizes=(1, 4, 8, 16),
+                     layouts=("nhd", "vllm", "hnd", "interleaved"), dtypes=("float16", "float32"),
+                     groups=GQA_GROUPS, max_kv_heads=2, max_seqs=3, max_q_len=40, max_cached=60):
+    """Draw a :class:`PrefillProblem`.
+
+    Query lengths are >= 1 (a sequence with no query rows is allowed by
+    ``paged_prefill`` but does nothing; tests cover it by hand). Cached
+    lengths are 0 (a whole prompt), lengths next to block boundaries, or
+    anything up to ``max_cached``, so chunks often start inside a block and
+    straddle block boundaries.
+    """
+    block_size = draw(st.sampled_from(block_sizes))
+    num_kv_heads = draw(st.integers(1, max_kv_heads))
+    group = draw(st.sampled_from(groups))
+    num_seqs = draw(st.integers(1, max_seqs))
+    q_lens = np.array(draw(st.lists(lengths(block_size, max_q_len), min_size=num_seqs,
+                                    max_size=num_seqs)), np.int32)
+    cached = np.array(draw(st.lists(st.one_of(st.just(0), lengths(block_size, max_cached)),
+                                    min_size=num_seqs, max_size=num_seqs)), np.int32)
+    seq_lens = (q_lens + cached).astype(np.int32)
+    table, num_blocks = draw(block_tables(seq_lens, block_size))
+    return PrefillProblem(
+        num_seqs=num_seqs, num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
+        head_size=draw(st.sampled_from(head_sizes)), block_size=block_size,
+        num_blocks=max(num_blocks, 1), layout=draw(st.sampled_from(layouts)),
+        dtype=draw(st.sampled_from(dtypes)), q_lens=q_lens, seq_lens=seq_lens,
+        block_tables=table, seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=None,
+                        transcendental_ulps=8, **variants):
+    """:func:`attention_error_bound` for query rows at arbitrary positions.
+
+    ``q [num_q, num_heads, head_size]`` at ``q_positions [num_q]``; ``k, v
+    [L, num_kv_heads, head_size]`` at positions ``0 .. L - 1``; ``causal`` and
+    ``variants`` as in :func:`paged_numba.reference.logits`. The same
+    first-order model, taken over each row's *admitted* keys only (``n`` of
+    them): ``E_s = gamma(head_size + 2) scale max_j sum_d |q_d k_jd|`` plus
+    the soft cap's and ALiBi's terms, and
+    ``|d out| <= (2 E_s + gamma(n + 2 num_merges + transcendental_ulps)) sum_j w_j |v_j|``,
+    ``|d lse| <= E_s + gamma(...) + u |lse|``. ``num_merges`` (online-softmax
+    rescalings, at most one per K/V tile) defaults to ``n``. For one row at
+    position ``L - 1`` that admits every key it equals
+    :func:`attention_error_bound`.
+
+    Returns ``(bound [num_q, num_heads, head_size], bound_lse [num_q, num_heads])``;
+    rows that admit no key get 0 (the kernel must return exact zeros there).
+    """
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    num_q, num_heads, head_size = q.shape
+    bound = np.zeros(q.shape)
+    bound_lse = np.zeros((num_q, num_heads))
+    if k.shape[0] == 0 or num_q == 0:
+        return bound, bound_lse
+    group = num_heads // k.shape[1]
+    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    qpos = np.asarray(q_positions, np.int64)
+    z = logits(q, k, scale, q_positions=qpos, causal=causal, **variants)     # [H, num_q, L]
+    admitted = np.isfinite(z[0])                                             # [num_q, L]
+    mags = np.einsum("qhd,khd->hqk", np.abs(q), np.abs(kr)) * abs(scale)
+    e_s = gamma(head_size + 2) * np.where(admitted[None], mags, 0).max(axis=2)   # [H, num_q]
+    if variants.get("logits_soft_cap") is not None:
+        e_s = e_s + transcendental_ulps * U32 * variants["logits_soft_cap"]
+    if variants.get("alibi_slopes") is not None:
+        dist = np.abs(np.arange(k.shape[0])[None, :] - qpos[:, None])
+        far = np.where(admitted, dist, 0).max(axis=1)                        # [num_q]
+        e_s = e_s + 2 * U32 * np.abs(np.asarray(variants["alibi_slopes"], np.float64))[:, None] \
+            * far[None, :]
+    n = admitted.sum(axis=1)                                                 # [num_q]
+    merges = n if num_merges is None else num_merges
+    zmax = z.max(axis=2, keepdims=True)
+    empty = np.isneginf(zmax)
+    w = np.exp(z - np.where(empty, 0, zmax))
+    total = np.where(empty, 1, w.sum(axis=2, keepdims=True))
+    lse = (np.log(total) + np.where(empty, 0, zmax))[..., 0]                # [H, num_q]
+    spread = np.einsum("hqk,khd->qhd", w / total, np.abs(vr))              # sum_j w_j |v_jd|
+    g = gamma(n + 2 * np.asarray(merges) + transcendental_ulps)             # [num_q]
+    bound = (2 * e_s.T + g[:, None])[..., None] * spread
+    bound_lse = e_s.T + g[:, None] + U32 * np.abs(lse.T)
+    dead = empty[..., 0].T                                                   # [num_q, H]
+    bound[dead] = 0
+    bound_lse[dead] = 0
+    return bound, bound_lse
+
+
+def prefill_bounds(problem, q, k, v, scale=None, causal=True, **variants):
+    """:func:`prefill_error_bound` for every query row of a :class:`PrefillProblem`
+    (``k``, ``v`` are ``"nhd"`` pools)."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(problem.head_size)
+    bound = np.zeros(q.shape)
+    bound_lse = np.zeros(q.shape[:2])
+    cu = problem.cu_seqlens_q
+    for i, n in enumerate(problem.seq_lens):
+        a, b = int(cu[i]), int(cu[i + 1])
+        kk, vv = gather_kv(k, v, problem.block_tables[i], n)
+        pos = int(n) - (b - a) + np.arange(b - a)
+        bound[a:b], bound_lse[a:b] = prefill_error_bound(q[a:b], kk, vv, scale, pos, causal,
+                                                         **variants)
+    return bound, bound_lse
+
+
+def prefill_reference(problem, q, k, v, scale=None, causal=True, **variants):
+    """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
+    :class:`PrefillProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as
+    in :func:`paged_numba.reference.logits`."""
+    from .reference import paged_prefill_reference
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(problem.head_size)
+    out, lse = paged_prefill_reference(q, k, v, problem.block_tables, problem.cu_seqlens_q,
+                                       problem.seq_lens, scale, "nhd", causal=causal, **variants)
+    return out, lse, *prefill_bounds(problem, q, k, v, scale, causal, **variants)

@@ -1,0 +1,331 @@
+"""Prefill (and chunked prefill) attention over a paged KV cache: validate, plan tiles, launch."""
+import math
+
+import numpy as np
+
+from . import _arrays, _launch
+from . import _validate as V
+from .attention import _int32_device, _padded, _variants
+from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
+
+
+def _host_int(name, x):
+    """A host int64 copy of an integer array (device arrays are copied)."""
+    host = np.asarray(_arrays.to_host(x))
+    V.check_int_array(name, host)
+    return host.astype(np.int64)
+
+
+def check_lengths(cu_seqlens_q, seq_lens, total_q):
+    """Check ``cu_seqlens_q [num_seqs + 1]`` against ``seq_lens [num_seqs]``
+    and ``total_q`` query rows (host arrays): it starts at 0, never
+    decreases, ends at ``total_q``, and no sequence has more queries than
+    tokens in the cache. Returns the query lengths ``[num_seqs]``."""
+    cu = np.asarray(cu_seqlens_q)
+    if cu.ndim != 1 or cu.size != seq_lens.size + 1:
+        raise ValueError(f"cu_seqlens_q must be [num_seqs + 1] = [{seq_lens.size + 1}], but got "
+                         f"shape {V.shape_of(cu)}.")
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens_q[0] must be 0, but got {int(cu[0])}.")
+    q_lens = np.diff(cu)
+    bad = np.flatnonzero(q_lens < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"cu_seqlens_q must be non-decreasing, but cu_seqlens_q[{i + 1}] = "
+                         f"{int(cu[i + 1])} < cu_seqlens_q[{i}] = {int(cu[i])}.")
+    if cu[-1] != total_q:
+        raise ValueError(f"cu_seqlens_q[-1] must equal total_q = {total_q} (query rows), but got "
+                         f"{int(cu[-1])}.")
+    over = np.flatnonzero(q_lens > seq_lens)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"sequence {i} has q_len {int(q_lens[i])} query tokens but seq_lens[{i}] "
+                         f"= {int(seq_lens[i])}; seq_lens must count the cached tokens plus this "
+                         f"step's, so q_len <= seq_len.")
+    return q_lens
+
+
+def plan_tiles(q_lens, seq_lens, block_q, causal=True, sliding_window=None):
+    """The tile list: ``(tile_seq, tile_q0)`` int32 ``[num_tiles]``.
+
+    Sequence ``s`` gets tiles at ``q0 = 0, block_q, 2 * block_q, ...`` below
+    its query length. Tiles are ordered by the keys they read, most first,
+    so that the long tiles of a mixed batch start early and short ones fill
+    the gaps at the end."""
+    seqs, starts, work = [], [], []
+    for s, (n, kv) in enumerate(zip(np.asarray(q_lens).tolist(), np.asarray(seq_lens).tolist())):
+        for q0 in range(0, n, block_q):
+            last = kv - n + min(q0 + block_q, n) - 1          # position of the tile's last query
+            hi = last + 1 if causal else kv
+            lo = 0 if sliding_window is None else max(kv - n + q0 - sliding_window + 1, 0)
+            seqs.append(s)
+            starts.append(q0)
+            work.append(hi - lo)
+    order = np.argsort(-np.asarray(work, np.int64), kind="stable")
+    return (np.asarray(seqs, np.int32)[order].reshape(-1),
+            np.asarray(starts, np.int32)[order].reshape(-1))
+
+
+class PrefillPlan:
+    """Prefill attention planned once per batch and run many times.
+
+    The constructor validates the lengths, builds the tile list (which
+    sequence and first query each thread block handles), allocates the output,
+    compiles the kernel and packs its launch; :meth:`run` then only enqueues
+    one kernel (so it can be captured in a CUDA graph). Pass the same device
+    buffers to every ``run`` to keep that fast path.
+
+    Parameters
+    ----------
+    cache : PagedKVCache
+    cu_seqlens_q : array of int, ``[num_seqs + 1]``
+        Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``.
+    seq_lens : array of int, ``[num_seqs]``
+        Tokens of each sequence in the cache, this step's included.
+    num_heads : int
+        Query heads, a multiple of ``cache.num_kv_heads``.
+    causal, scale, sliding_window, alibi_slopes, logits_soft_cap
+        As in :func:`paged_prefill`.
+    heads_per_block, block_q, block_n, num_warps : int, optional
+        Tiling: query heads and query tokens per tile (``M =
+        heads_per_block * block_q`` rows), keys per K/V tile, warps per
+        block. Defaults from :func:`paged_numba.kernels.prefill.prefill_config`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numba import cuda
+    >>> from paged_numba import PagedKVCache, PrefillPlan
+    >>> cache = PagedKVCache(num_blocks=4, block_size=8, num_kv_heads=1, head_size=16)
+    >>> plan = PrefillPlan(cache, cu_seqlens_q=[0, 3], seq_lens=[5], num_heads=2)
+    >>> q = cuda.to_device(np.ones((3, 2, 16), np.float16))
+    >>> plan.run(q, cuda.to_device(np.array([[1]], np.int32))).copy_to_host().shape
+    (3, 2, 16)
+    """
+
+    def __init__(self, cache, cu_seqlens_q, seq_lens, num_heads, *, causal=True, scale=None,
+                 sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
+                 heads_per_block=None, block_q=None, block_n=None, num_warps=None):
+        V.check_cache(cache)
+        V.check_head_size(cache.head_size)
+        num_heads = int(num_heads)
+        if num_heads < 1 or num_heads % cache.num_kv_heads:
+            raise ValueError(f"num_heads must be a positive multiple of num_kv_heads, but got "
+                             f"{num_heads} and {cache.num_kv_heads}.")
+        self.cache, self.num_heads = cache, num_heads
+        lens = _host_int("seq_lens", seq_lens)
+        if lens.ndim != 1:
+            raise ValueError(f"seq_lens must be [num_seqs], but got shape {V.shape_of(lens)}.")
+        bad = np.flatnonzero(lens < 0)
+        if bad.size:
+            raise ValueError(f"seq_lens[{int(bad[0])}] is {int(lens[bad[0]])}; sequence lengths "
+                             f"must be >= 0.")
+        cu = _host_int("cu_seqlens_q", cu_seqlens_q)
+        self.total_q = int(cu[-1]) if cu.ndim == 1 and cu.size else 0
+        self.q_lens = check_lengths(cu, lens, self.total_q)
+        self.num_seqs = int(lens.size)
+        self.causal = bool(causal)
+        self.scale = 1.0 / math.sqrt(cache.head_size) if scale is None else float(scale)
+        if not math.isfinite(self.scale):
+            raise ValueError(f"scale must be finite, but got {scale}.")
+        self._variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
+        window = int(self._variants[2]) or None
+        group = num_heads // cache.num_kv_heads
+        max_q = int(self.q_lens.max(initial=1))
+        d_hpb, d_bq, d_bn, d_nw = prefill_config(cache.head_size, group, max_q)
+        self.heads_per_block = hpb = _knob("heads_per_block", heads_per_block, d_hpb)
+        self.block_q = _knob("block_q", block_q, d_bq)
+        self.block_n = _knob("block_n", block_n, d_bn)
+        self.num_warps = _knob("num_warps", num_warps, d_nw)
+        if group % hpb or hpb & (hpb - 1):
+            raise ValueError(f"heads_per_block must be a power of two dividing the GQA group size "
+                             f"{group}, but got {hpb}.")
+        need = shared_bytes(cache.head_size, hpb * self.block_q, self.block_n)
+        if need > SHARED_LIMIT:
+            raise ValueError(f"tile of {hpb * self.block_q} rows x {self.block_n} keys at head "
+                             f"size {cache.head_size} needs {need} bytes of shared memory, more "
+                             f"than {SHARED_LIMIT}.")
+        tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
+        self.num_tiles = int(tile_seq.size)
+        self._cu = _arrays.as_device(cu.astype(np.int32), "cu_seqlens_q")[0]
+        self._lens = _arrays.as_device(lens.astype(np.int32), "seq_lens")[0]
+        self._lens_host = lens.astype(np.int32)
+        self._tiles = (_arrays.as_device(tile_seq, "tile_seq")[0],
+                       _arrays.as_device(tile_q0, "tile_q0")[0])
+        d = cache.head_size
+        self.out = _arrays.zeros((self.total_q, num_heads, d), cache.dtype)
+        self.lse = _arrays.zeros((self.total_q, num_heads), np.float32)
+        self._kernel = prefill_kernel(d, cache.block_size, hpb, self.block_q, self.block_n,
+                                      cache.dtype.name, cache.layout, self.num_warps)
+        self._grid = (self.num_tiles, num_heads // hpb)
+        self._inputs = None
+        self._launch = None
+
+    def run(self, query, block_tables, *, stream=None, validate=False):
+        """Launch prefill attention.
+
+        Parameters
+        ----------
+        query : device array, ``[total_q, num_heads, head_size]``
+        block_tables : device array of int32, ``[num_seqs, max_blocks]``
+        stream : optional
+            numba stream, PyTorch stream, or raw ``cudaStream_t``; default stream if None.
+        validate : bool
+            Check the query's shape and dtype and the table's entries (copies it
+            to the host) even when the buffers are the ones already packed.
+
+        Returns
+        -------
+        out : device array, ``[total_q, num_heads, head_size]``
+            Owned by the plan and overwritten by the next ``run``; :attr:`lse`
+            ``[total_q, num_heads]`` float32 holds the log-sum-exps.
+        """
+        inputs = (query, block_tables)
+        if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
+            self._pack(inputs)
+        elif validate:
+            self._check(inputs, True)
+        if self.num_tiles:
+            self._launch(_launch.as_stream(stream))
+        return self.out
+
+    def _check(self, inputs, validate=True):
+        query, block_tables = inputs
+        q = _arrays.as_device(query, "query")[0]
+        expect = (self.total_q, self.num_heads, self.cache.head_size)
+        if V.shape_of(q) != expect:
+            raise ValueError(f"query must be [total_q, num_heads, head_size] = {list(expect)}, "
+                             f"but got {V.shape_of(q)}.")
+        V.check_dtype("query", q, self.cache.dtype)
+        tables, tables_host = _int32_device("block_tables", block_tables, validate)
+        V.check_ndim("block_tables", tables, 2, "[num_seqs, max_blocks]")
+        if tables.shape[0] != self.num_seqs:
+            raise ValueError(f"block_tables must have num_seqs = {self.num_seqs} rows, but got "
+                             f"shape {V.shape_of(tables)}.")
+        if validate:
+            V.check_tables(tables_host, self._lens_host, self.cache.num_blocks,
+                           self.cache.block_size)
+        return q, tables
+
+    def _pack(self, inputs, validate=True):
+        q, tables = self._check(inputs, validate)
+        c = self.cache
+        args = (self.out, self.lse, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
+                *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants)
+        self._launch = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
+        self._inputs = inputs
+
+    def __repr__(self):
+        return (f"PrefillPlan(num_seqs={self.num_seqs}, total_q={self.total_q}, "
+                f"num_heads={self.num_heads}, head_size={self.cache.head_size}, "
+                f"heads_per_block={self.heads_per_block}, block_q={self.block_q}, "
+                f"block_n={self.block_n}, num_warps={self.num_warps}, num_tiles={self.num_tiles})")
+
+
+def _knob(name, value, default):
+    if value is None:
+        return default
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer, but got {value!r}.")
+    return int(value)
+
+
+def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causal=True,
+                  scale=None, sliding_window=None, alibi_slopes=None, logits_soft_cap=None, *,
+                  return_lse=False, validate=True, **tiling):
+    """Prefill attention over a paged KV cache: many query tokens per sequence.
+
+    A batch may mix whole prompts, chunks of prompts that follow cached
+    tokens (chunked prefill) and single decode tokens. The queries' own keys
+    and values must already be in the cache (``write_kv`` first).
+
+    Parameters
+    ----------
+    query : array, ``[total_q, num_heads, head_size]``
+        The query tokens of all sequences, packed by ``cu_seqlens_q``; NumPy
+        or CUDA array (numba, PyTorch, CuPy) of the cache's dtype.
+    cache : PagedKVCache
+        Holds ``num_kv_heads`` heads; ``num_heads`` must be a multiple of it.
+    block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSR triple
+        Physical block of each logical block, ``-1`` past the used ones; or
+        FlashInfer's ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
+        kv_last_page_len [num_seqs])``.
+    cu_seqlens_q : array of int32, ``[num_seqs + 1]``
+        Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``
+        (query lengths ``[10, 3, 1]`` give ``[0, 10, 13, 14]``). A sequence
+        may have no query rows (it is skipped).
+    seq_lens : array of int32, ``[num_seqs]``
+        Tokens of each sequence in the cache, this step's included, so
+        ``q_len <= seq_len`` (None with a CSR table). Query ``j`` of
+        sequence ``i`` sits at position ``seq_lens[i] - q_len_i + j``.
+    causal : bool
+        Each query attends to keys at positions up to its own; ``False``:
+        to all ``seq_len`` keys.
+    scale : float, optional
+        Logit scale, default ``1 / sqrt(head_size)``.
+    sliding_window : int, optional
+        Admit only keys ``k`` with ``p - k < sliding_window`` (``p``: the
+        query's position).
+    alibi_slopes : array of float32, ``[num_heads]``, optional
+        Add ``slope_h * (k - p)`` to the logits (after the soft cap).
+    logits_soft_cap : float, optional
+        Replace each logit ``s`` by ``c * tanh(s / c)`` first.
+    return_lse : bool
+        Also return the log-sum-exps ``[total_q, num_heads]`` float32.
+    validate : bool
+        Check shapes, dtypes and table entries first. The lengths are always
+        read on the host (the tile list is built from them); use
+        :class:`PrefillPlan` to plan once and launch without host copies.
+    **tiling
+        ``heads_per_block``, ``block_q``, ``block_n``, ``num_warps`` as in
+        :class:`PrefillPlan`.
+
+    Returns
+    -------
+    out : array, ``[total_q, num_heads, head_size]``
+        In the query's dtype; NumPy when the query is NumPy, else a numba
+        device array. A query that admits no key gets zeros (lse ``-inf``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from paged_numba import PagedKVCache, paged_prefill, write_kv
+    >>> cache = PagedKVCache(num_blocks=4, block_size=4, num_kv_heads=1, head_size=8)
+    >>> rng = np.random.default_rng(0)
+    >>> kv = rng.standard_normal((6, 1, 8)).astype(np.float16)
+    >>> write_kv(cache, kv, kv, slot_mapping=np.array([8, 9, 10, 11, 4, 5]))  # blocks 2, 1
+    >>> q = rng.standard_normal((2, 2, 8)).astype(np.float16)   # the 2 newest tokens
+    >>> out = paged_prefill(q, cache, np.array([[2, 1]], np.int32), np.array([0, 2], np.int32),
+    ...                     np.array([6], np.int32))
+    >>> out.shape, out.dtype
+    ((2, 2, 8), dtype('float16'))
+    """
+    V.check_cache(cache)
+    q, from_host = _arrays.as_device(query, "query")
+    V.check_ndim("query", q, 3, "[total_q, num_heads, head_size]")
+    total_q, num_heads, head_size = V.shape_of(q)
+    V.check_dtype("query", q, cache.dtype)
+    if head_size != cache.head_size:
+        raise ValueError(
+            f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")
+    V.check_head_size(head_size)
+    if num_heads % cache.num_kv_heads:
+        raise ValueError(f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
+                         f"{cache.num_kv_heads}.")
+    block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
+    cu = _host_int("cu_seqlens_q", cu_seqlens_q)
+    if cu.ndim != 1 or cu.size == 0:
+        raise ValueError(f"cu_seqlens_q must be [num_seqs + 1], but got shape {V.shape_of(cu)}.")
+    if int(cu[-1]) != total_q:
+        raise ValueError(f"cu_seqlens_q[-1] must equal total_q = {total_q} (query rows), but got "
+                         f"{int(cu[-1])}.")
+    plan = PrefillPlan(cache, cu, seq_lens, num_heads, causal=causal, scale=scale,
+                       sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+                       logits_soft_cap=logits_soft_cap, **tiling)
+    plan._pack((q, block_tables), validate)
+    if plan.num_tiles:
+        plan._launch(_launch.as_stream(None))
+    out, lse = plan.out, plan.lse
+    if from_host:
+        out, lse = out.copy_to_host(), lse.copy_to_host()
+    return (out, lse) if return_lse else out
