@@ -327,5 +327,5 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
         plan._launch(_launch.as_stream(None))
     out, lse = plan.out, plan.lse
     if from_host:
-        out, lse = out.copy_to_host(), lse.copy_to_host()
+        out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
     return (out, lse) if return_lse else out

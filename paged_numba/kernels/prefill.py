@@ -103,7 +103,7 @@ def prefill_config(head_size, group_size, max_q_len=None):
         hpb *= 2
     rows = 64 if head_size <= 64 else 32 if head_size <= 128 else 16
     block_n = 32 if head_size <= 128 else 16
-    num_warps = 4 if head_size <= 128 else 2
+    num_warps = 4
     rows = max(rows, hpb)
     block_q = rows // hpb
     if max_q_len is not None:
@@ -264,7 +264,8 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
                     if soft_cap > 0.0:
                         x = soft_cap * math.tanh(x / soft_cap)
                     x += slope_r[i] * float32(k - p)
-                    admit = ok != 0 and n < kn and (causal == 0 or k <= p) and (window <= 0 or p - k < window)
+                    admit = (ok != 0 and n < kn and (causal == 0 or k <= p)
+                             and (window <= 0 or p - k < window))
                     if not admit:
                         x = NEG_INF
                     s_r[i, j] = x
@@ -369,14 +370,15 @@ def prefill_signature(dtype, layout):
 
     kdim, vdim = {"nhd": (4, 4), "vllm": (5, 4), "hnd": (4, 4), "interleaved": (5, 5)}[layout]
     i32 = arr("int32", 1)
-    return (arr(dtype, 3), arr("float32", 2), arr(dtype, 3), arr(dtype, kdim), arr(dtype, vdim),
+    store = "uint16" if dtype == "bfloat16" else dtype      # bf16 travels as its bit patterns
+    return (arr(store, 3), arr("float32", 2), arr(store, 3), arr(store, kdim), arr(store, vdim),
             arr("int32", 2), i32, i32, i32, i32, types.float32, types.int32, arr("float32", 1),
             types.float32, types.int32)
 
 
 # (head_size, group_size, dtype, layout, block_size): the head sizes that pick
 # each default tile (64, 128, 256) plus one that is not a power of two (72),
-# both dtypes, GQA groups 1, 4 and 8, and the layouts whose loads differ
+# every dtype, GQA groups 1, 4 and 8, and the layouts whose loads differ
 # (vllm's values are strided, interleaved shares one pool).
 PTX_POINTS = [
     (64, 4, "float16", "nhd", 16), (128, 4, "float16", "nhd", 16),
@@ -385,6 +387,7 @@ PTX_POINTS = [
     (128, 8, "float16", "nhd", 16), (128, 4, "float16", "vllm", 16),
     (128, 4, "float16", "hnd", 16), (128, 4, "float16", "interleaved", 16),
     (64, 8, "float32", "hnd", 1), (256, 1, "float32", "vllm", 32),
+    (128, 4, "bfloat16", "nhd", 16),
 ]
 
 
