@@ -77,6 +77,22 @@ def kv_bytes(batch, context, num_kv_heads, head_size, itemsize):
     return 2 * batch * context * num_kv_heads * head_size * itemsize
 
 
+def check_against_sdpa(cache, query, table, context, out, seqs=2):
+    """Largest |paged_numba - SDPA in fp32| over the first ``seqs`` sequences
+    (an "nhd" cache gathered through the table): a sanity check of the timed
+    kernel on the timed shapes; the test suite does the real checking."""
+    if cache.layout != "nhd":
+        return float("nan")
+    kpool, vpool = (torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
+    q = torch.as_tensor(query, device="cuda")[:seqs].float()
+    tab = torch.as_tensor(table, device="cuda")[:seqs].long()
+    k = kpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)   # [s, kvh, ctx, d]
+    v = vpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
+    got = torch.as_tensor(out, device="cuda")[:seqs].float()
+    return float((got - ref[:, :, 0]).abs().max())
+
+
 def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype,
                  layout="nhd", tables=("random", "identity"), partitions=(None,), reps=30,
                  sdpa=True, tuning=None):
@@ -107,6 +123,7 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
             for plan, q, t in zip(plans, queries, tabs):
                 plan.run(q, t, lens, validate=True)
             torch.cuda.synchronize()
+            err = check_against_sdpa(cache, queries[0], tabs[0], context, plans[0].out)
             start = time.perf_counter()
             for _ in range(200):
                 plans[0].run(queries[0], tabs[0], lens)
@@ -120,7 +137,7 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
                     [getattr(k, "regs_per_thread", "") for k in kern.dispatcher.overloads.values()])
             rows.append(dict(impl="paged_numba", table=table_kind,
                              num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
-                             regs=regs, tuning=tuning))
+                             regs=regs, tuning=tuning, max_err=err))
     if sdpa:
         ks = [torch.randn(batch, num_kv_heads, context, head_size, dtype=tdtype, device="cuda")
               for _ in range(rot)]
@@ -157,18 +174,35 @@ def main():
     ap.add_argument("--out", default="results/decode_h200.csv")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tuning", action="store_true",
-                    help="time kernel variants (warps, unroll, chunk) on two shapes, print only")
+                    help="time kernel variants (warps, unroll) on the headline shapes, print only")
+    ap.add_argument("--partitions", action="store_true",
+                    help="time every split-K partition count on the headline shapes, print only")
+    ap.add_argument("--once", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
+                    help="build and run one headline-style configuration (for a profiler)")
     args = ap.parse_args()
     if args.tuning:
-        for warps, unroll, chunk in [(4, 4, 256), (4, 8, 256), (4, 2, 256), (8, 4, 256),
-                                     (8, 2, 512), (2, 4, 256)]:
-            tuning = dict(num_warps=warps, unroll=unroll, chunk=chunk)
-            for b, c in [(16, 4096), (64, 4096)]:
+        for warps, unroll, stages in [(4, 2, 4), (4, 2, 5), (4, 1, 8), (4, 4, 2), (2, 2, 8),
+                                      (2, 4, 4), (8, 1, 4), (4, 1, 4)]:
+            tuning = dict(num_warps=warps, unroll=unroll, stages=stages)
+            for b, c in HEADLINE:
                 r = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False,
                                  reps=15, tuning=tuning)[0]
-                print(f"warps={warps} unroll={unroll} chunk={chunk} b={b} ctx={c} "
+                print(f"warps={warps} unroll={unroll} stages={stages} b={b} ctx={c} "
                       f"P={r['num_partitions']} {r['us']:.1f} us {r['gbps']:.0f} GB/s "
-                      f"regs={r['regs']}", flush=True)
+                      f"regs={r['regs']} host={r['host_us']:.1f} us err={r['max_err']:.2e}",
+                      flush=True)
+        return
+    if args.partitions:
+        for b, c in HEADLINE:
+            parts = [p for p in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128) if p * 256 <= c]
+            rows = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False,
+                                reps=15, partitions=[None] + parts)
+            print(f"b={b} ctx={c} heuristic P={rows[0]['num_partitions']} {rows[0]['us']:.1f} us; "
+                  + " ".join(f"P={r['num_partitions']}:{r['us']:.1f}" for r in rows[1:]), flush=True)
+        return
+    if args.once:
+        b, c = args.once
+        bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False, reps=1)
         return
     gpu = torch.cuda.get_device_name()
     run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
@@ -185,7 +219,8 @@ def main():
             print(f"{r['impl']:>22} {r['table']:>10} b={r['batch']:<4} ctx={r['context']:<6} "
                   f"P={r['num_partitions']!s:<3} {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
                   f"{r['pct_copy_bw']:5.1f}% copy  x{r['ratio_to_sdpa']:.3f} SDPA  "
-                  f"host {r['host_us'] if r['host_us'] == '' else round(r['host_us'], 1)} us",
+                  f"host {r['host_us'] if r['host_us'] == '' else round(r['host_us'], 1)} us "
+                  f"err {r.get('max_err', '')}",
                   flush=True)
         rows += got
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

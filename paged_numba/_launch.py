@@ -2,54 +2,74 @@
 
 Numba's ``kernel[grid, block](*args)`` types and flattens every argument on
 every call (tens of microseconds of host time, more with PyTorch tensors).
-``PackedLaunch`` does that once and then calls ``cuda.core.launch`` directly.
-It relies on numba-cuda 0.30's ``_Kernel`` internals (``_prepare_args``,
-``_codelibrary``), which is why numba-cuda is pinned to 0.30.x. Under the
-simulator it falls back to an ordinary launch.
+``PackedLaunch`` does that once: it flattens the arguments the way numba
+does (``_Kernel._prepare_args``), keeps them in ctypes storage with an array
+of pointers to them, and then each call is one ``cuLaunchKernel`` through
+``cuda.bindings``. It relies on numba-cuda 0.30's ``_Kernel`` internals,
+which is why numba-cuda is pinned to 0.30.x. Under the simulator it falls
+back to an ordinary launch.
 """
+import ctypes
+
 from numba import config, cuda
 
 
+def stream_handle(stream):
+    """The ``cudaStream_t`` (an int) of ``None`` (the default stream), an int,
+    a numba stream, or an object with ``.cuda_stream`` (PyTorch)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "cuda_stream"):
+        return int(stream.cuda_stream)
+    return int(getattr(stream, "handle", None) or 0)
+
+
 def as_stream(stream):
-    """A numba stream from ``None`` (the default stream), a numba stream, an
-    integer ``cudaStream_t`` or an object with ``.cuda_stream`` (PyTorch)."""
+    """A numba stream for ``stream`` (see :func:`stream_handle`)."""
     if stream is None or config.ENABLE_CUDASIM:
         return cuda.default_stream()
-    if hasattr(stream, "cuda_stream"):
-        return cuda.external_stream(stream.cuda_stream)
-    if isinstance(stream, int):
-        return cuda.external_stream(stream) if stream else cuda.default_stream()
+    if isinstance(stream, (int,)) or hasattr(stream, "cuda_stream"):
+        handle = stream_handle(stream)
+        return cuda.external_stream(handle) if handle else cuda.default_stream()
     return stream
 
 
 class PackedLaunch:
-    """``dispatcher[grid, block](*args)`` with ``args`` frozen at construction."""
+    """``dispatcher[grid, block, stream](*args)`` with ``args`` frozen at construction.
+
+    Call it with a stream (anything :func:`stream_handle` accepts)."""
 
     def __init__(self, dispatcher, grid, block, args):
         self.dispatcher, self.grid, self.block, self.args = dispatcher, grid, block, args
         if config.ENABLE_CUDASIM:
             return
-        from cuda.core import LaunchConfig
-        from numba.cuda._compat import CUDA_CORE_GE_1_0
+        from cuda.bindings import driver as drv
 
         argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
         kernel = dispatcher.compile(argtypes)
         kernel.bind()
-        self._kernel = kernel._codelibrary.get_cufunc().kernel
-        self._params = []
-        retr = []
+        params, retr = [], []
         for ty, val in zip(kernel.argument_types, args):
-            kernel._prepare_args(ty, val, 0, retr, self._params)
+            kernel._prepare_args(ty, val, 0, retr, params)
+        # numba passes plain ints (array pointers, shapes, strides) as intptr_t
+        self._storage = [p if isinstance(p, ctypes._SimpleCData) else ctypes.c_ssize_t(p)
+                         for p in params]
+        self._pointers = (ctypes.c_void_p * len(self._storage))(
+            *[ctypes.addressof(p) for p in self._storage])
+        self._address = ctypes.addressof(self._pointers)
         grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
-        coop = "is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch"
-        self._config = LaunchConfig(grid=grid3, block=block, shmem_size=0, **{coop: False})
+        self._dims = (*grid3, block, 1, 1)
+        self._function = drv.CUfunction(int(kernel._codelibrary.get_cufunc().handle))
+        self._launch = drv.cuLaunchKernel
+        self._ok = drv.CUresult.CUDA_SUCCESS
 
-    def __call__(self, stream):
+    def __call__(self, stream=None):
         if config.ENABLE_CUDASIM:
-            self.dispatcher[self.grid, self.block, stream](*self.args)
+            self.dispatcher[self.grid, self.block, as_stream(stream)](*self.args)
             return
-        from cuda.core import launch
-
-        from numba.cuda.cudadrv import driver
-
-        launch(driver._to_core_stream(stream), self._config, self._kernel, *self._params)
+        err, = self._launch(self._function, *self._dims, 0, stream_handle(stream),
+                            self._address, 0)
+        if err != self._ok:
+            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")

@@ -9,7 +9,10 @@ from .kernels.decode import decode_kernel, heads_per_block
 from .kernels.merge import merge_kernel
 
 NUM_WARPS = 4
-CHUNK = 256  # tokens whose logits sit in shared memory at once
+UNROLL = 2            # tokens per lane and warp step
+STAGES = 4            # warp steps whose K/V copies are in flight (the copy ring's depth)
+MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
+BLOCKS_PER_SM = 4     # thread blocks of the decode kernel resident on one multiprocessor
 
 
 def _int32_device(name, x, validate):
@@ -77,13 +80,14 @@ def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
     return _arrays.as_device(slopes, "alibi_slopes")[0], np.float32(soft_cap), np.int32(window)
 
 
-def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, chunk=CHUNK):
+def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count):
     """Split-K heuristic: split each sequence into partitions only when there
-    are too few thread blocks to fill the GPU (about two waves of ``sm_count``
-    multiprocessors), never into partitions shorter than one chunk."""
+    are too few thread blocks to fill every multiprocessor with
+    ``BLOCKS_PER_SM`` of them, never into partitions shorter than
+    ``MIN_PARTITION`` tokens."""
     blocks = max(num_seqs * num_head_blocks, 1)
-    wanted = -(-2 * sm_count // blocks)
-    return max(1, min(wanted, -(-max_context // chunk)))
+    wanted = -(-BLOCKS_PER_SM * sm_count // blocks)
+    return max(1, min(wanted, -(-max_context // MIN_PARTITION)))
 
 
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
@@ -185,8 +189,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     out = _arrays.zeros((num_seqs, num_heads, head_size), q.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
-        kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.itemsize,
-                               cache.layout, NUM_WARPS, CHUNK)
+        kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
+                               cache.layout, NUM_WARPS, UNROLL, STAGES)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens,
                 np.float32(scale), np.int32(partition_size), *variants)
@@ -278,9 +282,10 @@ class DecodePlan:
         As in :func:`paged_decode`.
     num_partitions : int, optional
         Split-K partitions; default from the heuristic of :func:`paged_decode`.
-    num_warps, unroll, chunk : int
+    num_warps, unroll, stages : int
         Tuning knobs of the kernel: warps per thread block, tokens per lane
-        whose loads are issued together, tokens whose logits share memory.
+        and step, and steps in flight in the shared-memory copy ring (capped
+        by the 48 KB of static shared memory).
 
     Examples
     --------
@@ -299,7 +304,7 @@ class DecodePlan:
 
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 num_partitions=None, num_warps=NUM_WARPS, unroll=4, chunk=CHUNK):
+                 num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=STAGES):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         if num_heads % cache.num_kv_heads:
@@ -334,8 +339,8 @@ class DecodePlan:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
         self.num_warps = int(num_warps)
-        self._kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.itemsize,
-                                     cache.layout, self.num_warps, int(chunk), int(unroll))
+        self._kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
+                                     cache.layout, self.num_warps, int(unroll), int(stages))
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
@@ -374,7 +379,6 @@ class DecodePlan:
             self._pack(inputs)   # new buffers: checked (host copies) and packed once
         elif validate:
             self._check(inputs)
-        stream = _launch.as_stream(stream)
         if self.num_seqs:
             self._decode(stream)
             if self._merge is not None:

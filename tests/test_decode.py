@@ -18,16 +18,23 @@ SIM = pn.simulator_enabled()
 # combination of compile-time parameters is its own test (each compiles its
 # kernels once; run them in parallel with pytest-xdist) and hypothesis draws
 # batch, lengths, tables, KV heads and partitions within it.
+LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
+DTYPES = ("float16", "float32")
 if SIM:
-    SHAPES = dict(head_sizes=(16, 32, 64), max_seq_len=80, max_seqs=3, max_kv_heads=2,
-                  groups=(1, 2, 4))
+    SHAPES = dict(head_sizes=(8, 16, 24, 32, 64), max_seq_len=80, max_seqs=3, max_kv_heads=2,
+                  groups=(1, 2, 3, 4))
     CONFIGS = [{}]
 else:
     SHAPES = dict(max_seq_len=3000, max_seqs=8, max_kv_heads=4)
+    # every head size x layout x dtype x group at block size 16; every block size
+    # (1 and 5 included) at head size 128; odd group sizes (3, 7: heads per
+    # thread block that are not powers of two) and odd row widths (8, 24)
+    POINTS = (list(itertools.product((64, 72, 80, 96, 112, 128, 256), (16,), LAYOUTS, DTYPES,
+                                     (1, 2, 4, 8)))
+              + list(itertools.product((128,), (1, 5, 8, 32), LAYOUTS, DTYPES, (1, 8)))
+              + list(itertools.product((8, 24, 128), (16,), ("nhd", "vllm"), DTYPES, (3, 7))))
     CONFIGS = [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,), groups=(g,))
-               for hs, bs, lay, dt, g in itertools.product(
-                   (64, 80, 96, 112, 128, 256), (8, 16, 32), ("nhd", "vllm", "hnd", "interleaved"),
-                   ("float16", "float32"), (1, 2, 4, 8))]
+               for hs, bs, lay, dt, g in POINTS]
 
 
 def config_id(c):
@@ -239,9 +246,6 @@ def test_variant_arguments_are_checked(kwargs, message):
     cache = pn.PagedKVCache.from_host(k, v, "nhd")
     with pytest.raises(ValueError, match=message):
         pn.paged_decode(q, cache, p.block_tables, p.seq_lens, **kwargs)
-
-
-LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 
 
 @settings(max_examples=6 if SIM else 200)   # five launches per example

@@ -66,6 +66,50 @@ def element_accessors(layout, vec):
 
 
 @functools.cache
+def vector_offsets(layout, vec):
+    """Device functions ``(k_flat, v_flat)``: ``k_flat(key_cache, blk, kv_head,
+    offset, v)`` is the flat element index of vector ``v`` (elements ``v * vec
+    ... v * vec + vec - 1``) of a token's key row, 16-byte aligned in a
+    C-contiguous pool. ``v_flat`` is the same for values, or None in
+    ``"vllm"``, whose value rows are strided by ``block_size``."""
+    X = vec
+    if layout == "nhd":
+
+        @device_function
+        def k_flat(kc, blk, h, off, v):
+            return ((blk * kc.shape[1] + off) * kc.shape[2] + h) * kc.shape[3] + v * X
+        v_flat = k_flat
+
+    elif layout == "hnd":
+
+        @device_function
+        def k_flat(kc, blk, h, off, v):
+            return ((blk * kc.shape[1] + h) * kc.shape[2] + off) * kc.shape[3] + v * X
+        v_flat = k_flat
+
+    elif layout == "interleaved":
+
+        @device_function
+        def k_flat(kc, blk, h, off, v):
+            return ((blk * 2 * kc.shape[2] + off) * kc.shape[3] + h) * kc.shape[4] + v * X
+
+        @device_function
+        def v_flat(vc, blk, h, off, v):
+            return (((blk * 2 + 1) * vc.shape[2] + off) * vc.shape[3] + h) * vc.shape[4] + v * X
+
+    elif layout == "vllm":
+
+        @device_function
+        def k_flat(kc, blk, h, off, v):
+            return (((blk * kc.shape[1] + h) * kc.shape[2] + v) * kc.shape[3] + off) * X
+        v_flat = None
+
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    return k_flat, v_flat
+
+
+@functools.cache
 def vector_accessors(layout, dtype):
     """Device functions ``(k_vec, v_vec)`` that copy one 16-byte vector (``vec =
     16 // itemsize`` elements of a head row) of a token's key or value into a
@@ -90,50 +134,25 @@ def vector_accessors(layout, dtype):
             raise ValueError(f"no vector accessors for dtype {dtype!r}; supported: "
                              f"{tuple(_ITEMSIZE)}")
         vec = 16 // _ITEMSIZE[dtype]
-    X = vec
     to_f32, _ = codec(dtype)
     _, v_at, _, _ = element_accessors(layout, vec)
-    if layout == "nhd":
+    k_flat, v_flat = vector_offsets(layout, vec)
 
-        @device_function
-        def k_vec(kc, blk, h, off, v, out, o):
-            load16(kc, ((blk * kc.shape[1] + off) * kc.shape[2] + h) * kc.shape[3] + v * X, out, o)
+    @device_function
+    def k_vec(kc, blk, h, off, v, out, o):
+        load16(kc, k_flat(kc, blk, h, off, v), out, o)
 
-        @device_function
-        def v_vec(vc, blk, h, off, v, out, o):
-            load16(vc, ((blk * vc.shape[1] + off) * vc.shape[2] + h) * vc.shape[3] + v * X, out, o)
-
-    elif layout == "hnd":
-
-        @device_function
-        def k_vec(kc, blk, h, off, v, out, o):
-            load16(kc, ((blk * kc.shape[1] + h) * kc.shape[2] + off) * kc.shape[3] + v * X, out, o)
+    if v_flat is not None:
 
         @device_function
         def v_vec(vc, blk, h, off, v, out, o):
-            load16(vc, ((blk * vc.shape[1] + h) * vc.shape[2] + off) * vc.shape[3] + v * X, out, o)
-
-    elif layout == "interleaved":
-
-        @device_function
-        def k_vec(kc, blk, h, off, v, out, o):
-            load16(kc, ((blk * 2 * kc.shape[2] + off) * kc.shape[3] + h) * kc.shape[4] + v * X,
-                   out, o)
-
-        @device_function
-        def v_vec(vc, blk, h, off, v, out, o):
-            load16(vc, (((blk * 2 + 1) * vc.shape[2] + off) * vc.shape[3] + h) * vc.shape[4]
-                   + v * X, out, o)
+            load16(vc, v_flat(vc, blk, h, off, v), out, o)
 
     else:
 
         @device_function
-        def k_vec(kc, blk, h, off, v, out, o):
-            load16(kc, (((blk * kc.shape[1] + h) * kc.shape[2] + v) * kc.shape[3] + off) * X, out, o)
-
-        @device_function
         def v_vec(vc, blk, h, off, v, out, o):
-            for e in range(X):
-                out[o + e] = to_f32(v_at(vc, blk, h, off, v * X + e))
+            for e in range(vec):
+                out[o + e] = to_f32(v_at(vc, blk, h, off, v * vec + e))
 
     return k_vec, v_vec

@@ -16,30 +16,45 @@ KV head ``g = h // (num_heads // num_kv_heads)`` and partition ``p`` (tokens
 With one partition that is the attention output itself; with several, the
 partials are combined by ``kernels.merge`` with the (m, l) rule.
 
-Structure (vLLM's kernel, with the KV head's query group handled together so
-that each K/V element is read from memory once for ``HPB`` query heads):
+Structure (FlashDecoding's split of the context, with the query heads of one
+KV head's group handled together so that each K/V byte is read once):
 
-* grid ``(num_heads // HPB, num_seqs, num_partitions)``, ``NUM_WARPS`` warps;
-* the ``HPB`` query vectors (pre-scaled) sit in shared memory;
-* the partition is walked in chunks of ``CHUNK`` tokens: logits of a chunk go to
-  shared memory; each head's chunk max and exp-sum are reduced with
-  ``shfl_xor_sync`` inside a warp and through shared memory across the
-  ``WPH`` warps that share the head (warps own heads when ``HPB >= NUM_WARPS``),
-  and the running output is rescaled by ``exp(m_old - m_new)`` (online
-  softmax), so shared memory does not grow with the context;
-* P @ V is accumulated in fp32 registers, one 16-byte vector of head
-  elements per lane and token slot; at the end the slots' partial rows are
-  summed through shared memory, one head at a time.
+* grid ``(num_heads // HPB, num_seqs, num_partitions)``, ``NW`` warps, and no
+  barrier until the epilogue: every warp streams its own steps of the
+  partition and keeps its own online-softmax state;
+* a row of a token's key (``head_size`` elements) is split over ``LPR``
+  lanes, one 16-byte vector each, so a warp covers ``TPW = 32 / LPR``
+  tokens side by side; each lane issues the loads of ``U`` tokens' keys and
+  values before using any (``2 U`` 16-byte loads in flight per lane);
+* the ``HPB x U`` partial dot products of a lane are reduced across its
+  ``LPR`` lanes by a *transposing* butterfly: at each shuffle step a lane
+  keeps half of its values and trades the other half, so after
+  ``log2(LPR)`` steps each lane owns whole logits (``HPB U - 1`` shuffles
+  instead of ``HPB U log2(LPR)``), and the softmax of a logit is computed by
+  the one lane that owns it;
+* logits are kept in base 2 (the query is pre-scaled by ``scale * log2(e)``)
+  so each probability is one ``exp2``; the running output is rescaled only
+  when some head's running maximum grows (a warp vote);
+* the probabilities reach the lanes that hold the value vectors by
+  ``shfl_sync``; P @ V accumulates in fp32 registers;
+* epilogue: the token groups of a warp are summed with shuffles, the warps'
+  states merged with the (m, l) rule through shared memory.
 """
 import functools
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint16
+from numba.core.types import float16
 
-from .access import device_function, vector_accessors
+from .access import device_function, vector_accessors, vector_offsets
+from .async_copy import commit_group, copy16_async, wait_group
+from .convert import codec
+from .vector import load16
 
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def _pow2_floor(n):
@@ -49,66 +64,170 @@ def _pow2_floor(n):
     return p
 
 
-@functools.cache
-def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
-                  num_warps=4, chunk=256, unroll=4):
-    """Compile-time specialised decode kernel.
+def _pow2_ceil(n):
+    p = 1
+    while p < n:
+        p *= 2
+    return p
 
-    Kernel arguments: ``out [num_seqs, num_partitions, num_heads, head_size]``,
-    ``lse [num_seqs, num_partitions, num_heads]`` float32, ``query
-    [num_seqs, num_heads, head_size]``, ``key_cache``, ``value_cache`` (C-contiguous
-    pools), ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
+
+def transposing_reducer(n, lanes):
+    """Device function ``reduce(vals, lane)`` summing ``vals[0:n]`` (``n`` a
+    power of two) across the ``lanes`` lanes of an aligned lane group.
+
+    Step with offset ``o`` (``lanes / 2`` first): a lane whose bit ``o`` is
+    clear keeps the first half of its values and sends the second half to its
+    partner, which does the opposite, and both add what they receive. When a
+    lane holds one value the remaining steps are a plain butterfly. Afterwards
+    lane ``r`` of the group holds the sums of values
+    ``[r * n // lanes, r * n // lanes + max(n // lanes, 1))`` in ``vals[0:...]``
+    (lanes with equal ``r * n // lanes`` hold copies).
+    """
+    if lanes == 1:
+        @device_function
+        def done(vals, lane):
+            pass
+        return done
+    o = lanes // 2
+    if n == 1:
+        rest = transposing_reducer(1, o)
+
+        @device_function
+        def butterfly(vals, lane):
+            vals[0] += cuda.shfl_xor_sync(FULL_MASK, vals[0], o)
+            rest(vals, lane)
+        return butterfly
+    half = n // 2
+    rest = transposing_reducer(half, o)
+
+    @device_function
+    def transpose(vals, lane):
+        upper = (lane & o) != 0
+        for i in range(half):
+            a = vals[i]
+            b = vals[i + half]
+            got = cuda.shfl_xor_sync(FULL_MASK, a if upper else b, o)
+            vals[i] = (b if upper else a) + got
+        rest(vals, lane)
+    return transpose
+
+
+def lane_reducer(mask, op_max):
+    """Device function ``reduce(x)``: max (``op_max``) or sum of ``x`` over the
+    lanes that differ from the caller only in the bits of ``mask``."""
+
+    @device_function
+    def reduce(x):
+        o = 1
+        while o < 32:
+            if mask & o:
+                y = cuda.shfl_xor_sync(FULL_MASK, x, o)
+                x = max(x, y) if op_max else x + y
+            o *= 2
+        return x
+    return reduce
+
+
+STORAGE = {"float16": float16, "float32": float32, "bfloat16": uint16}
+SHARED_BYTES = 48 * 1024      # static shared memory of one thread block
+
+
+@functools.cache
+def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
+                  num_warps=4, unroll=4, stages=4):
+    """Compile-time specialised decode kernel for a cache of ``dtype`` (a name).
+
+    Kernel arguments: ``out [num_seqs, num_partitions, num_heads, head_size]``
+    (the cache's dtype, or float32 for split-K partials), ``lse [num_seqs,
+    num_partitions, num_heads]`` float32, ``query [num_seqs, num_heads,
+    head_size]``, ``key_cache``, ``value_cache`` (C-contiguous pools),
+    ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
     int32, ``scale`` float32, ``partition_size`` int32, ``alibi_slopes
-    [num_heads]`` float32 (zeros for none), ``soft_cap`` float32 (0 for none),
-    ``window`` int32 (0 for none). Launch with grid
-    ``(num_heads // heads_per_block, num_seqs, num_partitions)`` and
-    ``32 * num_warps`` threads.
+    [num_heads]`` float32 (zeros for none), ``soft_cap`` float32 (0 for
+    none), ``window`` int32 (0 for none). Launch with grid ``(num_heads //
+    heads_per_block, num_seqs, num_partitions)`` and ``32 * num_warps``
+    threads.
     """
     HEAD_SIZE = head_size
     BLOCK_SIZE = block_size
     HPB = heads_per_block                 # query heads sharing one K/V read
-    VEC = 16 // itemsize                  # elements in a 16-byte vector
+    VEC = 16 // {"float32": 4}.get(dtype, 2)   # elements in a 16-byte vector
+    SMEM_T = STORAGE[dtype]
     NVEC = HEAD_SIZE // VEC               # vectors in one head row
     NW = num_warps
     NT = 32 * NW
-    CHUNK = chunk
     U = unroll                            # tokens per lane whose loads are in flight together
-    # LPR lanes cover one token's head row, one 16-byte vector each (VPL if the
-    # row has more than 32); SLOTS tokens are handled side by side per step.
+    # LPR lanes cover one token's row, one 16-byte vector each (VPL of them
+    # when the row has more than 32 vectors); TPW tokens side by side per warp.
     LPR = min(32, _pow2_floor(NVEC))
     VPL = -(-NVEC // LPR)
-    SLOTS = NT // LPR
+    TPW = 32 // LPR
     ACC = VPL * VEC                       # elements of a row this lane owns
-    STEP = SLOTS * U
-    KV_R = U * ACC                        # registers for the in-flight vectors
-    # softmax: WPH warps share one head's logits; each warp owns HPW heads
-    WPH = max(NW // HPB, 1)
-    HPW = -(-HPB // NW)
+    STEP = TPW * U                        # tokens per warp step
+    # copy ring: each lane copies its own vectors of U tokens per step into
+    # shared memory (keys, and values unless "vllm", whose value rows are not
+    # contiguous) and reads them back itself, STAGES - 1 steps later
+    STAGE_V = layout != "vllm"
+    CPS = U * VPL * (2 if STAGE_V else 1)             # 16-byte chunks per lane and step
+    ring_bytes = SHARED_BYTES - 4 * (NW * HEAD_SIZE + 2 * NW * HPB) - 256
+    STAGES = max(2, min(stages, ring_bytes // (CPS * NT * 16)))
+    RING = STAGES * CPS * NT * VEC                    # elements
+    # logits of a lane group per step: index hh * UP + u, padded to a power of two
+    UP = _pow2_ceil(U)
+    N = _pow2_ceil(HPB) * UP
+    NF = max(N // LPR, 1)                 # logits each lane owns after the reduction
+    DUP = max(LPR // N, 1)                # lanes holding copies of one logit
+    UL = min(NF, UP)                      # owned logits per owned head
+    HL = NF // UL                         # heads a lane owns logits of
+    # lanes sharing an owned head: the low bits of the group index that only
+    # select u or a copy, and every token group of the warp
+    head_mask = (max(LPR // _pow2_ceil(HPB), 1) - 1) | (31 & ~(LPR - 1))
+    group_mask = 31 & ~(LPR - 1)
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
-    k_vec, v_vec = vector_accessors(layout, VEC)
+    _, v_vec = vector_accessors(layout, dtype)
+    k_flat, v_flat = vector_offsets(layout, VEC)
+    wait_stages = wait_group(STAGES - 1)
+    to_f32, from_f32 = codec(dtype)
+    reduce_logits = transposing_reducer(N, LPR)
+    head_max = lane_reducer(head_mask, True)
+    head_sum = lane_reducer(head_mask, False)
+    group_sum = lane_reducer(group_mask, False)
 
-    def stager(vec_fn):
-        """Device function loading this lane's vectors of U tokens of one step
-        (tokens ``first + u * SLOTS + slot`` for ``u < U``, those below
-        ``first + n``) into ``kv_r``, all loads issued before any is used."""
+    @device_function
+    def src_lane(idx):
+        """Lane (within its group) that owns logit ``idx`` after the reduction."""
+        return idx * LPR // N
 
-        @device_function
-        def stage(pool, block_tables, seq, kvh, first, n, slot, lane_r, kv_r):
-            for u in range(U):
-                tl = u * SLOTS + slot
-                if tl < n:
-                    t = first + tl
-                    blk = block_tables[seq, t // BLOCK_SIZE]
-                    off = t % BLOCK_SIZE
-                    for i in range(VPL):
-                        v = lane_r + i * LPR
-                        if v < NVEC:
-                            vec_fn(pool, blk, kvh, off, v, kv_r, (u * VPL + i) * VEC)
+    @device_function
+    def src_slot(idx):
+        """Where in that lane's owned values logit ``idx`` sits."""
+        return idx - (idx * LPR // N) * NF if N >= LPR else 0
 
-        return stage
+    @device_function
+    def chunk(stage, c, tid):
+        """Flat index in the ring of this thread's chunk ``c`` of ``stage``."""
+        return ((stage * CPS + c) * NT + tid) * VEC
 
-    stage_k, stage_v = stager(k_vec), stager(v_vec)
+    @device_function
+    def issue(ring, key_cache, value_cache, block_tables, seq, kvh, s0, end, stage, g, lane_r,
+              tid):
+        """Start copying the vectors of the step's tokens ``s0 + u * TPW + g``
+        (those below ``end``) into ``stage`` of the ring, as one group."""
+        for u in range(U):
+            t = s0 + u * TPW + g
+            if t < end:
+                blk = block_tables[seq, t // BLOCK_SIZE]
+                off = t % BLOCK_SIZE
+                for i in range(VPL):
+                    v = lane_r + i * LPR
+                    if v < NVEC:
+                        copy16_async(ring, chunk(stage, u * VPL + i, tid), key_cache,
+                                     k_flat(key_cache, blk, kvh, off, v))
+                        if STAGE_V:
+                            copy16_async(ring, chunk(stage, (U + u) * VPL + i, tid), value_cache,
+                                         v_flat(value_cache, blk, kvh, off, v))
+        commit_group()
 
     @cuda.jit
     def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
@@ -119,162 +238,193 @@ def decode_kernel(head_size, block_size, heads_per_block, itemsize, layout,
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
+        lane_r = lane % LPR                  # which vectors of a row this lane owns
+        g = lane // LPR                      # which token of a step's TPW this lane serves
+        gbase = g * LPR
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
         seq_len = seq_lens[seq]
-        qpos = seq_len - 1                       # the query is the newest token
+        qpos = seq_len - 1                   # the query is the newest token
         first = 0 if window <= 0 else max(seq_len - window, 0)   # sliding window: qpos - k < window
         start = max(part * partition_size, first)
         end = min(part * partition_size + partition_size, seq_len)
-        lane_r = tid % LPR          # which vectors of a row this lane owns
-        slot = tid // LPR           # which token of a step this lane serves
+        base = lane_r * N // LPR             # first logit index this lane owns
+        owner = lane_r % DUP == 0            # counts its logits in the exp-sums
 
-        q_s = cuda.shared.array((HPB, HEAD_SIZE), float32)
-        p_s = cuda.shared.array((HPB, CHUNK), float32)
-        max_s = cuda.shared.array((NW, HPW), float32)
-        sum_s = cuda.shared.array((NW, HPW), float32)
-        alpha_s = cuda.shared.array(HPB, float32)
-        l_s = cuda.shared.array(HPB, float32)
-        m_s = cuda.shared.array(HPB, float32)
-        out_s = cuda.shared.array((SLOTS, HEAD_SIZE), float32)
+        m_s = cuda.shared.array((NW, HPB), float32)
+        l_s = cuda.shared.array((NW, HPB), float32)
+        acc_s = cuda.shared.array((NW, HEAD_SIZE), float32)
+        ring = cuda.shared.array(RING, SMEM_T)
 
-        # -- stage the scaled queries of the group, then keep this lane's slice in registers
-        for i in range(tid, HPB * HEAD_SIZE, NT):
-            hh = i // HEAD_SIZE
-            d = i % HEAD_SIZE
-            q_s[hh, d] = float32(query[seq, h0 + hh, d]) * scale
-        cuda.syncthreads()  # wait for q_s
+        # -- this lane's slice of the group's queries, scaled into base-2 logits
+        qscale = scale * float32(LOG2E)
         q_r = cuda.local.array((HPB, ACC), float32)
         acc = cuda.local.array((HPB, ACC), float32)
-        kv_r = cuda.local.array(KV_R, float32)
         for hh in range(HPB):
             for i in range(VPL):
                 v = lane_r + i * LPR
                 for e in range(VEC):
-                    q_r[hh, i * VEC + e] = q_s[hh, v * VEC + e] if v < NVEC else 0.0
+                    x = float32(0.0)
+                    if v < NVEC:
+                        x = to_f32(query[seq, h0 + hh, v * VEC + e]) * qscale
+                    q_r[hh, i * VEC + e] = x
                     acc[hh, i * VEC + e] = 0.0
-        for j in range(KV_R):
-            kv_r[j] = 0.0
-        slope_r = cuda.local.array(HPB, float32)
-        for hh in range(HPB):
-            slope_r[hh] = alibi_slopes[h0 + hh]
-        m_run = cuda.local.array(HPW, float32)   # running max / exp-sum of this
-        l_run = cuda.local.array(HPW, float32)   # warp's heads (same in all WPH warps)
-        for j in range(HPW):
-            m_run[j] = NEG_INF
-            l_run[j] = 0.0
-        sub = warp % WPH            # this warp's share of its heads' tokens
-        head_base = (warp // WPH) * HPW
+        cap2 = soft_cap * float32(LOG2E)     # c tanh(z / c) in base 2
+        slope = cuda.local.array(HL, float32)
+        m_run = cuda.local.array(HL, float32)
+        l_run = cuda.local.array(HL, float32)
+        alpha_r = cuda.local.array(HL, float32)
+        for a in range(HL):
+            hh = (base + a * UL) // UP
+            slope[a] = alibi_slopes[h0 + hh] * float32(LOG2E) if hh < HPB else 0.0
+            m_run[a] = NEG_INF
+            l_run[a] = 0.0
+        kr = cuda.local.array(ACC, float32)
+        vr = cuda.local.array(ACC, float32)
+        red = cuda.local.array(N, float32)
+        p = cuda.local.array(NF, float32)
 
-        for c0 in range(start, end, CHUNK):
-            n = min(CHUNK, end - c0)
-            # -- qk: U tokens per lane, their key vectors loaded before any is used
-            for base in range(0, n, STEP):       # uniform trip count: shuffles below
-                stage_k(key_cache, block_tables, seq, kvh, c0 + base, n - base, slot, lane_r, kv_r)
-                for u in range(U):
-                    tl = base + u * SLOTS + slot
-                    for hh in range(HPB):
-                        x = float32(0.0)
-                        for a in range(ACC):
-                            x += q_r[hh, a] * kv_r[u * ACC + a]
-                        o = LPR // 2
-                        while o > 0:
-                            x += cuda.shfl_xor_sync(FULL_MASK, x, o)
-                            o //= 2
-                        if tl < n and lane_r == 0:
-                            # variants, in order: soft cap, then ALiBi (slopes are 0 without it)
-                            if soft_cap > 0.0:
-                                x = soft_cap * math.tanh(x / soft_cap)
-                            p_s[hh, tl] = x + slope_r[hh] * float32(c0 + tl - qpos)
-            cuda.syncthreads()  # wait for the chunk's logits
-
-            # -- softmax: max over the chunk, shuffles in the warp, shared memory across its WPH warps
-            for j in range(HPW):
-                hh = head_base + j
-                if hh < HPB:                       # warp-uniform
-                    mx = NEG_INF
-                    for tl in range(sub * 32 + lane, n, 32 * WPH):
-                        mx = max(mx, p_s[hh, tl])
-                    o = 16
-                    while o > 0:
-                        mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, o))
-                        o //= 2
-                    max_s[warp, j] = mx
-            if WPH > 1:
-                cuda.syncthreads()  # wait for the other warps' maxima of my heads
-            for j in range(HPW):
-                hh = head_base + j
-                if hh < HPB:
-                    mx = max_s[warp - sub, j]
-                    for w in range(1, WPH):
-                        mx = max(mx, max_s[warp - sub + w, j])
-                    m_new = max(m_run[j], mx)
-                    alpha = math.exp(m_run[j] - m_new)
-                    m_run[j] = m_new
-                    if sub == 0 and lane == 0:
-                        alpha_s[hh] = alpha
-                    s = float32(0.0)
-                    for tl in range(sub * 32 + lane, n, 32 * WPH):
-                        p = math.exp(p_s[hh, tl] - m_new)
-                        p_s[hh, tl] = p
-                        s += p
-                    o = 16
-                    while o > 0:
-                        s += cuda.shfl_xor_sync(FULL_MASK, s, o)
-                        o //= 2
-                    sum_s[warp, j] = s
-                    l_run[j] *= alpha
-            cuda.syncthreads()  # wait for probabilities, per-warp sums and alpha_s
-            for j in range(HPW):
-                hh = head_base + j
-                if hh < HPB:
-                    for w in range(WPH):
-                        l_run[j] += sum_s[warp - sub + w, j]
-
-            # -- pv: rescale the running output, then add this chunk, U tokens in flight
-            for hh in range(HPB):
-                a = alpha_s[hh]
-                for j in range(ACC):
-                    acc[hh, j] *= a
-            for base in range(0, n, STEP):
-                stage_v(value_cache, block_tables, seq, kvh, c0 + base, n - base, slot, lane_r, kv_r)
-                for u in range(U):
-                    tl = base + u * SLOTS + slot
-                    if tl < n:
-                        for hh in range(HPB):
-                            p = p_s[hh, tl]
-                            for a in range(ACC):
-                                acc[hh, a] += p * kv_r[u * ACC + a]
-            cuda.syncthreads()  # p_s, max_s, sum_s and alpha_s are free for the next chunk
-
-        # -- epilogue: publish each head's (m, l), then sum the token slots per head
-        for j in range(HPW):
-            hh = head_base + j
-            if hh < HPB and sub == 0 and lane == 0:
-                m_s[hh] = m_run[j]
-                l_s[hh] = l_run[j]
-        for hh in range(HPB):
-            for i in range(VPL):
-                v = lane_r + i * LPR
-                if v < NVEC:
-                    for e in range(VEC):
-                        out_s[slot, v * VEC + e] = acc[hh, i * VEC + e]
-            cuda.syncthreads()  # wait for every slot's partial row (and m_s, l_s)
-            inv = float32(0.0)
-            if l_s[hh] > 0.0:
-                inv = float32(1.0) / l_s[hh]
-            for d in range(tid, HEAD_SIZE, NT):
-                total = float32(0.0)
-                for sl in range(SLOTS):
-                    total += out_s[sl, d]
-                out[seq, part, h0 + hh, d] = total * inv
-            cuda.syncthreads()  # out_s is free for the next head
-        if tid < HPB:
-            if l_s[tid] > 0.0:
-                lse[seq, part, h0 + tid] = m_s[tid] + math.log(l_s[tid])
+        # this warp's steps: tokens [s0, s0 + STEP) for s0 = start + (warp + j NW) STEP
+        nsteps = 0
+        if start + warp * STEP < end:
+            nsteps = (end - start - warp * STEP + NW * STEP - 1) // (NW * STEP)
+        for j in range(STAGES - 1):                 # fill the ring
+            if j < nsteps:
+                issue(ring, key_cache, value_cache, block_tables, seq, kvh,
+                      start + (warp + j * NW) * STEP, end, j, g, lane_r, tid)
             else:
-                lse[seq, part, h0 + tid] = NEG_INF
+                commit_group()
+        for j in range(nsteps):
+            nxt = j + STAGES - 1
+            if nxt < nsteps:
+                issue(ring, key_cache, value_cache, block_tables, seq, kvh,
+                      start + (warp + nxt * NW) * STEP, end, nxt % STAGES, g, lane_r, tid)
+            else:
+                commit_group()
+            wait_stages()                           # this step's group has landed
+            stage = j % STAGES
+            s0 = start + (warp + j * NW) * STEP
+            # -- qk: partial dots of each token's key, then the transposing reduction
+            for u in range(U):
+                valid = s0 + u * TPW + g < end
+                for i in range(VPL):
+                    v = lane_r + i * LPR
+                    if valid and v < NVEC:
+                        load16(ring, chunk(stage, u * VPL + i, tid), kr, i * VEC)
+                    else:
+                        for e in range(VEC):
+                            kr[i * VEC + e] = 0.0
+                for hh in range(HPB):
+                    x = float32(0.0)
+                    for a in range(ACC):
+                        x += q_r[hh, a] * kr[a]
+                    red[hh * UP + u] = x
+            for j2 in range(HPB * UP, N):
+                red[j2] = 0.0
+            for hh in range(HPB):
+                for u in range(U, UP):
+                    red[hh * UP + u] = 0.0
+            reduce_logits(red, lane_r)
+            # -- online softmax of the owned logits (variants in order: soft cap, ALiBi)
+            grew = False
+            for a in range(HL):
+                mx = NEG_INF
+                for b in range(UL):
+                    idx = base + a * UL + b
+                    u = idx % UP
+                    t = s0 + u * TPW + g
+                    z = NEG_INF
+                    if idx // UP < HPB and u < U and t < end:
+                        z = red[a * UL + b]
+                        if soft_cap > 0.0:
+                            z = cap2 * math.tanh(z / cap2)
+                        z += slope[a] * float32(t - qpos)
+                    red[a * UL + b] = z
+                    mx = max(mx, z)
+                m_new = max(m_run[a], head_max(mx))
+                grew = grew or m_new > m_run[a]
+                alpha = float32(1.0)
+                if m_new > m_run[a]:
+                    alpha = math.exp2(m_run[a] - m_new)
+                lsum = float32(0.0)
+                for b in range(UL):
+                    e = float32(0.0)
+                    if m_new != NEG_INF:
+                        e = math.exp2(red[a * UL + b] - m_new)
+                    p[a * UL + b] = e
+                    lsum += e
+                l_run[a] = l_run[a] * alpha + (lsum if owner else float32(0.0))
+                m_run[a] = m_new
+                alpha_r[a] = alpha
+            # -- pv: rescale the running output if a maximum grew, then add U tokens
+            if cuda.any_sync(FULL_MASK, grew):
+                for hh in range(HPB):
+                    idx = hh * UP
+                    al = cuda.shfl_sync(FULL_MASK, alpha_r[src_slot(idx) // UL], gbase + src_lane(idx))
+                    for a in range(ACC):
+                        acc[hh, a] *= al
+            for u in range(U):
+                t = s0 + u * TPW + g
+                for i in range(VPL):
+                    v = lane_r + i * LPR
+                    if t < end and v < NVEC:
+                        if STAGE_V:
+                            load16(ring, chunk(stage, (U + u) * VPL + i, tid), vr, i * VEC)
+                        else:
+                            v_vec(value_cache, block_tables[seq, t // BLOCK_SIZE], kvh,
+                                  t % BLOCK_SIZE, v, vr, i * VEC)
+                    else:
+                        for e in range(VEC):
+                            vr[i * VEC + e] = 0.0
+                for hh in range(HPB):
+                    idx = hh * UP + u
+                    pb = cuda.shfl_sync(FULL_MASK, p[src_slot(idx)], gbase + src_lane(idx))
+                    for a in range(ACC):
+                        acc[hh, a] += pb * vr[a]
+
+        # -- epilogue: the warp's state (token groups summed), then the warps merged
+        for a in range(HL):
+            l_run[a] = head_sum(l_run[a])
+            if g == 0 and (base + a * UL) % UP == 0 and owner:
+                hh = (base + a * UL) // UP
+                if hh < HPB:
+                    m_s[warp, hh] = m_run[a]
+                    l_s[warp, hh] = l_run[a]
+        for hh in range(HPB):
+            for j in range(ACC):
+                acc[hh, j] = group_sum(acc[hh, j])
+        cuda.syncthreads()  # wait for every warp's (m, l)
+        for hh in range(HPB):
+            mx = NEG_INF
+            for w in range(NW):
+                mx = max(mx, m_s[w, hh])
+            total = float32(0.0)
+            if mx != NEG_INF:
+                for w in range(NW):
+                    if m_s[w, hh] != NEG_INF:
+                        total += l_s[w, hh] * math.exp2(m_s[w, hh] - mx)
+            f = float32(0.0)
+            if total > 0.0 and m_s[warp, hh] != NEG_INF:
+                f = math.exp2(m_s[warp, hh] - mx) / total
+            if g == 0:
+                for i in range(VPL):
+                    v = lane_r + i * LPR
+                    if v < NVEC:
+                        for e in range(VEC):
+                            acc_s[warp, v * VEC + e] = acc[hh, i * VEC + e] * f
+            cuda.syncthreads()  # wait for every warp's weighted row
+            for d in range(tid, HEAD_SIZE, NT):
+                o = float32(0.0)
+                for w in range(NW):
+                    o += acc_s[w, d]
+                out[seq, part, h0 + hh, d] = from_f32(o)
+            if tid == 0:
+                if total > 0.0:
+                    lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
+                else:
+                    lse[seq, part, h0 + hh] = NEG_INF
+            cuda.syncthreads()  # acc_s is free for the next head
 
     return paged_decode_kernel
 

@@ -12,9 +12,7 @@ from .decode import decode_kernel
 from .merge import merge_kernel
 from .write_kv import write_kv_kernel
 
-HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 BLOCK_SIZES = (8, 16, 32)
-HEADS_PER_BLOCK = (1, 2, 4, 8)
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "float32")
 
@@ -35,32 +33,34 @@ def decode_signatures(dtype, layout):
     return [(_arr(out_dtype, 4), _arr("float32", 3), *tail) for out_dtype in (dtype, "float32")]
 
 
-def all_specializations(head_sizes=HEAD_SIZES, block_sizes=BLOCK_SIZES,
-                        heads_per_block=HEADS_PER_BLOCK, layouts=LAYOUTS, dtypes=DTYPES):
-    """Yield ``(name, kernel, signature)`` for the kernel specialisations.
+def decode_points(layouts=LAYOUTS, dtypes=DTYPES):
+    """``(head_size, block_size, heads_per_block, layout, dtype, split)`` decode
+    kernels to compile: one factor at a time around head size 128, block
+    size 16, four heads per block. Every layout x dtype at that point (unsplit
+    and split); every head size (including rows that are not a power of two
+    vectors wide: 8, 24, 72), every heads-per-block (including 3, 5, 6, 7,
+    which pad the transposing reduction) and every block size (1 and 5
+    included) in "nhd" fp16, plus the extremes in fp32 and "vllm". A full
+    product would take hours at about 10 s per compile."""
+    points = [(128, 16, 4, lay, dt, split) for lay, dt in itertools.product(layouts, dtypes)
+              for split in (False, True)]
+    points += [(hs, 16, 4, "nhd", "float16", False) for hs in (8, 24, 64, 72, 80, 96, 112, 256)]
+    points += [(128, 16, hpb, "nhd", "float16", False) for hpb in (1, 2, 3, 5, 6, 7, 8)]
+    points += [(128, bs, 4, "nhd", "float16", False) for bs in (1, 5, 8, 32)]
+    points += [(hs, 16, hpb, lay, dt, False) for hs, hpb, lay, dt in
+               itertools.product((8, 256), (1, 8), ("vllm",), ("float32",))]
+    return points
 
-    Decode: every (head size, heads per block, layout, dtype) at the middle
-    block size; every block size for one head size (``128``) with the
-    smallest and largest heads per block. Block size only enters the kernel
-    as the divisor of ``t // BLOCK_SIZE``, so this covers each factory
-    parameter against every other one the code branches on without
-    compiling the full product (about 2.5 s per compile). The split form
-    (fp32 partial output) is compiled for the smallest and largest heads per
-    block. write_kv and merge: every specialisation.
-    """
-    from ..attention import CHUNK, NUM_WARPS
 
-    mid_bs = block_sizes[len(block_sizes) // 2]
-    edge_hpb = (heads_per_block[0], heads_per_block[-1])
-    points = [(hs, mid_bs, hpb, lay, dt) for hs, hpb, lay, dt in
-              itertools.product(head_sizes, heads_per_block, layouts, dtypes)]
-    points += [(128, bs, hpb, lay, dt) for bs, hpb, lay, dt in
-               itertools.product(block_sizes, edge_hpb, layouts, dtypes) if bs != mid_bs]
-    for hs, bs, hpb, layout, dtype in points:
-        kernel = decode_kernel(hs, bs, hpb, np.dtype(dtype).itemsize, layout, NUM_WARPS, CHUNK)
-        unsplit, split = decode_signatures(dtype, layout)
-        for sig in (unsplit, split) if hpb in edge_hpb and bs == mid_bs else (unsplit,):
-            yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
+def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES):
+    """Yield ``(name, kernel, signature)`` for the kernel specialisations:
+    decode at :func:`decode_points`; write_kv and merge: every specialisation."""
+    from ..attention import NUM_WARPS, STAGES, UNROLL
+
+    for hs, bs, hpb, layout, dtype, split in decode_points(layouts, dtypes):
+        kernel = decode_kernel(hs, bs, hpb, dtype, layout, NUM_WARPS, UNROLL, STAGES)
+        sig = decode_signatures(dtype, layout)[1 if split else 0]
+        yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, vector_width(dtype))
         for slot_dtype in ("int64", "int32"):

@@ -1,0 +1,94 @@
+"""Asynchronous 16-byte copies from global to shared memory (``cp.async``, sm_80+).
+
+``copy16_async(dst, dst_flat, src, src_flat)`` starts copying the 16 bytes
+of ``src`` at flat element index ``src_flat`` to ``dst`` (a shared array) at
+``dst_flat``; both must be 16-byte aligned. ``commit_group()`` closes the
+group of copies this thread started since the last commit, and
+``wait_group(n)`` (a factory: ``n`` is a compile-time constant) returns a
+device function that waits until at most ``n`` of this thread's committed
+groups are still in flight. A thread may read what *it* copied once the
+group is complete; other threads' copies need a barrier as well.
+
+The copies need no registers while in flight, which is how a kernel keeps
+many loads outstanding without lowering its occupancy. On the GPU these are
+inline PTX (``cp.async.cg.shared.global``, ``cp.async.commit_group``,
+``cp.async.wait_group``); under the simulator the copy happens at once and
+commit/wait do nothing.
+"""
+import functools
+
+from numba import config, types
+
+from .vector import _host_flat
+
+if config.ENABLE_CUDASIM:
+
+    def copy16_async(dst, dst_flat, src, src_flat):
+        d, s = _host_flat(dst), _host_flat(src)
+        n = 16 // s.itemsize
+        d[dst_flat:dst_flat + n] = s[src_flat:src_flat + n]
+
+    def commit_group():
+        pass
+
+    @functools.cache
+    def wait_group(n):
+        def wait():
+            pass
+        return wait
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    _I64 = ir.IntType(64)
+    _COPY = ("{\n\t.reg .u64 pn_sg;\n\t.reg .u32 pn_s;\n\t.reg .u64 pn_g;\n"
+             "\tcvta.to.shared.u64 pn_sg, $0;\n\tcvt.u32.u64 pn_s, pn_sg;\n"
+             "\tcvta.to.global.u64 pn_g, $1;\n"
+             "\tcp.async.cg.shared.global [pn_s], [pn_g], 16;\n}")
+
+    def _asm(builder, text, operands=()):
+        fnty = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
+        constraints = ",".join(["l"] * len(operands) + ["~{memory}"])
+        builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), list(operands))
+
+    @intrinsic
+    def copy16_async(typingctx, dst, dst_flat, src, src_flat):
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
+                and dst.dtype == src.dtype):
+            return None
+        sig = types.void(dst, dst_flat, src, src_flat)
+
+        def codegen(context, builder, sig, args):
+            pointers = []
+            for ary_ty, ary, idx_ty, idx in ((sig.args[0], args[0], sig.args[1], args[1]),
+                                             (sig.args[2], args[2], sig.args[3], args[3])):
+                data = context.make_array(ary_ty)(context, builder, ary).data
+                i = context.cast(builder, idx, idx_ty, types.intp)
+                pointers.append(builder.ptrtoint(builder.gep(data, [i]), _I64))
+            _asm(builder, _COPY, pointers)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def commit_group(typingctx):
+        def codegen(context, builder, sig, args):
+            _asm(builder, "cp.async.commit_group;")
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @functools.cache
+    def wait_group(n):
+        n = int(n)
+
+        @intrinsic
+        def wait(typingctx):
+            def codegen(context, builder, sig, args):
+                _asm(builder, f"cp.async.wait_group {n};")
+                return context.get_dummy_value()
+
+            return types.void(), codegen
+
+        return wait
