@@ -165,12 +165,68 @@ def grid(name):
         return [(b, c, 32, 8, 128, 16, "float16") for b, c in HEADLINE]
     if name == "quick":
         return [(4, 2048, 32, 8, 128, 16, "float16")]
+    if name == "full":
+        # batch x context at the headline model shape, then one factor at a
+        # time (head size, block size, GQA group incl. MHA and MQA, fp32) at two shapes
+        cfgs = [(b, c, 32, 8, 128, 16, "float16") for b in (1, 4, 16, 64, 128, 256)
+                for c in (512, 2048, 4096, 8192, 32768) if b * c <= 2**21]
+        for b, c in ((16, 4096), (64, 2048)):
+            cfgs += [(b, c, 32, 8, hs, 16, "float16") for hs in (64, 256)]
+            cfgs += [(b, c, 32, 8, 128, bs, "float16") for bs in (8, 32)]
+            cfgs += [(b, c, 32, kvh, 128, 16, "float16") for kvh in (32, 4, 1)]
+            cfgs += [(b, c, 32, 8, 128, 16, "float32")]
+        return cfgs
     raise SystemExit(f"unknown grid {name!r}")
+
+
+GRID_FIELDS = ["run_id", "gpu", "impl", "batch", "context", "num_heads", "num_kv_heads",
+               "head_size", "block_size", "dtype", "num_partitions", "heuristic_partitions",
+               "us", "gbps", "pct_copy_bw", "ratio_to_sdpa", "ratio_to_best", "copy_gbps",
+               "command"]
+
+
+def full_grid(args):
+    """Issue-3 grid: per configuration, the default (heuristic) partition count,
+    the unsplit kernel (P = 1), the best P of a sweep, and SDPA."""
+    gpu = torch.cuda.get_device_name()
+    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])
+    bw = copy_gbps()
+    print(f"{gpu}: device copy {bw:.0f} GB/s; run {run_id}", flush=True)
+    out = []
+    for cfg in grid("full"):
+        b, c = cfg[0], cfg[1]
+        parts = [p for p in (1, 2, 3, 4, 6, 8, 16, 32, 64) if p * 256 <= c or p == 1]
+        rows = bench_config(*cfg, tables=("random",), partitions=[None] + parts, reps=args.reps)
+        heur, sweep, sdpa = rows[0], rows[1:-1], rows[-1]
+        best = min(sweep, key=lambda r: r["us"])
+        unsplit = [r for r in sweep if r["num_partitions"] == 1][0]
+        picked = []
+        for impl, r in (("paged_numba", heur), ("paged_numba_unsplit", unsplit),
+                        ("paged_numba_best_partitions", best), ("torch_sdpa_contiguous", sdpa)):
+            picked.append(dict(r, impl=impl, run_id=run_id, gpu=gpu, copy_gbps=bw, command=command,
+                               heuristic_partitions=heur["num_partitions"],
+                               pct_copy_bw=100 * r["gbps"] / bw, ratio_to_sdpa=r["us"] / sdpa["us"],
+                               ratio_to_best=r["us"] / best["us"]))
+        print(f"b={b:<4} ctx={c:<6} kvh={cfg[3]:<3} hs={cfg[4]:<4} bs={cfg[5]:<3} {cfg[6]:8} "
+              f"P={heur['num_partitions']:<3} {heur['us']:8.1f} us | unsplit {unsplit['us']:8.1f} | "
+              f"best P={best['num_partitions']:<3} {best['us']:8.1f} | SDPA {sdpa['us']:7.1f} | "
+              f"x{heur['us'] / sdpa['us']:.2f} SDPA, {heur['us'] / best['us']:.3f} of best, "
+              f"err {heur['max_err']:.1e}", flush=True)
+        out += picked
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=GRID_FIELDS)
+        w.writeheader()
+        for r in out:
+            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+                        if k in GRID_FIELDS})
+    print(f"wrote {len(out)} rows to {args.out}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", default="headline")
+    ap.add_argument("--grid", default="headline", choices=["headline", "quick", "full"])
     ap.add_argument("--out", default="results/decode_h200.csv")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tuning", action="store_true",
@@ -204,6 +260,8 @@ def main():
         b, c = args.once
         bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False, reps=1)
         return
+    if args.grid == "full":
+        return full_grid(args)
     gpu = torch.cuda.get_device_name()
     run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
     command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])

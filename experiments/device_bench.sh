@@ -17,6 +17,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 has headline && python3 experiments/bench_decode.py --grid headline --out "$OUT/decode_h200.csv" 2>&1 | tee "$OUT/headline.txt"
 has tuning && python3 experiments/bench_decode.py --tuning 2>&1 | tee "$OUT/tuning.txt"
+has grid && python3 experiments/bench_decode.py --grid full --reps 10 --out "$OUT/decode_grid_h200.csv" 2>&1 | tee "$OUT/grid.txt"
 has partitions && python3 experiments/bench_decode.py --partitions 2>&1 | tee "$OUT/partitions.txt"
 has tests && GPU_EXAMPLES=${GPU_EXAMPLES:-5} HYPOTHESIS_PROFILE=gpu timeout 240 python3 -m pytest -q -x -p no:cacheprovider -n "$(nproc)" tests/test_decode.py -k "${TEST_K:-head_size128-block_size16}" 2>&1 | tail -15 | tee "$OUT/tests.txt"
 has prefill && python3 experiments/bench_prefill.py --check --out "$OUT/prefill_h200.csv" 2>&1 | tail -40 | tee "$OUT/prefill.txt"

@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+from numba.core import types
 
 from . import _arrays, _launch
 from . import _validate as V
@@ -9,10 +10,10 @@ from .kernels.decode import decode_kernel, heads_per_block
 from .kernels.merge import merge_kernel
 
 NUM_WARPS = 4
-UNROLL = 2            # tokens per lane and warp step
-STAGES = 4            # warp steps whose K/V copies are in flight (the copy ring's depth)
+UNROLL = 4            # tokens per lane and warp step
+STAGES = 2            # warp steps whose K/V copies are in flight (the copy ring's depth)
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
-BLOCKS_PER_SM = 4     # thread blocks of the decode kernel resident on one multiprocessor
+PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
 
 
 def _int32_device(name, x, validate):
@@ -80,14 +81,46 @@ def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
     return _arrays.as_device(slopes, "alibi_slopes")[0], np.float32(soft_cap), np.int32(window)
 
 
-def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count):
-    """Split-K heuristic: split each sequence into partitions only when there
-    are too few thread blocks to fill every multiprocessor with
-    ``BLOCKS_PER_SM`` of them, never into partitions shorter than
-    ``MIN_PARTITION`` tokens."""
+def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, resident=3):
+    """Split-K heuristic: the partition count ``P`` that minimises a simple
+    model of the kernel's time, ``waves(P) * (max_context / P + PARTITION_COST)``:
+    the ``num_seqs * num_head_blocks * P`` thread blocks run in waves of
+    ``sm_count * resident`` (blocks resident per multiprocessor), each wave
+    as long as one partition plus a fixed cost per block (``PARTITION_COST``
+    tokens: the epilogue, and the merge). Partitions are at least
+    ``MIN_PARTITION`` tokens; ties go to fewer partitions.
+
+    >>> num_partitions_for(1, 8, 32768, 132)      # one long sequence: split it
+    49
+    >>> num_partitions_for(256, 8, 2048, 132)     # a large batch fills the GPU alone
+    1
+    """
     blocks = max(num_seqs * num_head_blocks, 1)
-    wanted = -(-BLOCKS_PER_SM * sm_count // blocks)
-    return max(1, min(wanted, -(-max_context // MIN_PARTITION)))
+    slots = max(sm_count * resident, 1)
+    best, best_cost = 1, None
+    for p in range(1, max(1, -(-max_context // MIN_PARTITION)) + 1):
+        cost = -(-blocks * p // slots) * (max_context / p + PARTITION_COST)
+        if best_cost is None or cost < best_cost * (1 - 1e-9):
+            best, best_cost = p, cost
+    return best
+
+
+def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning, args):
+    """Validated split-K ``(num_partitions, partition_size)``; the default comes
+    from :func:`num_partitions_for` with the split kernel's occupancy (``args``:
+    the kernel arguments after ``out`` and ``lse``)."""
+    if num_partitions is None:
+        kernel = decode_kernel(cache.head_size, cache.block_size, hpb, cache.dtype.name,
+                               cache.layout, *tuning, True)
+        partials = (types.Array(types.float32, 4, "C"), types.Array(types.float32, 3, "C"))
+        num_partitions = num_partitions_for(
+            num_seqs, num_heads // hpb, max_context, _arrays.sm_count(),
+            _launch.resident_blocks(kernel, partials, args, 32 * tuning[0]))
+    if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
+            or num_partitions < 1:
+        raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
+    partition_size = max(-(-max_context // int(num_partitions)), 1)
+    return max(-(-max_context // partition_size), 1), partition_size
 
 
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
@@ -152,7 +185,7 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     q, from_host = _arrays.as_device(query, "query")
     V.check_ndim("query", q, 3, "[num_seqs, num_heads, head_size]")
     num_seqs, num_heads, head_size = V.shape_of(q)
-    V.check_dtype("query", q, cache.dtype)
+    V.check_dtype("query", query, cache.dtype)
     if head_size != cache.head_size:
         raise ValueError(
             f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")
@@ -177,23 +210,18 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
-    if num_partitions is None:
-        num_partitions = num_partitions_for(num_seqs, num_heads // hpb, max_context,
-                                            _arrays.sm_count())
-    if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions or num_partitions < 1:
-        raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
-    num_partitions = int(num_partitions)
-    partition_size = max(-(-max_context // num_partitions), 1)
-    num_partitions = max(-(-max_context // partition_size), 1)
+    args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
+            np.int32(0), *variants)
+    num_partitions, partition_size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads,
+                                                 max_context, (NUM_WARPS, UNROLL, STAGES), args)
 
-    out = _arrays.zeros((num_seqs, num_heads, head_size), q.dtype)
+    out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
         kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
-                               cache.layout, NUM_WARPS, UNROLL, STAGES)
+                               cache.layout, NUM_WARPS, UNROLL, STAGES, num_partitions > 1)
         grid = (num_heads // hpb, num_seqs, num_partitions)
-        args = (q, cache.key_cache, cache.value_cache, tables, lens,
-                np.float32(scale), np.int32(partition_size), *variants)
+        args = (*args[:6], np.int32(partition_size), *args[7:])
         if num_partitions == 1:
             kernel[grid, 32 * NUM_WARPS](out.reshape(num_seqs, 1, num_heads, head_size),
                                          lse.reshape(num_seqs, 1, num_heads), *args)
@@ -201,9 +229,10 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
             part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
             part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
             kernel[grid, 32 * NUM_WARPS](part_out, part_lse, *args)
-            merge_kernel()[(num_heads, num_seqs), 128](out, lse, part_out, part_lse)
+            merge_kernel(cache.dtype.name)[(num_heads, num_seqs), 128](out, lse, part_out,
+                                                                       part_lse)
     if from_host:
-        out, lse = out.copy_to_host(), lse.copy_to_host()
+        out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
     return (out, lse) if return_lse else out
 
 
@@ -217,7 +246,7 @@ def merge_states(v, s, *, validate=True):
     Parameters
     ----------
     v : array, ``[num_rows, num_states, num_heads, head_size]``
-        float16 or float32 partial outputs.
+        float16, float32 or bfloat16 partial outputs.
     s : array of float32, ``[num_rows, num_states, num_heads]``
         Their log-sum-exps; ``-inf`` marks an empty state.
 
@@ -247,15 +276,18 @@ def merge_states(v, s, *, validate=True):
                 f"{V.shape_of(sd)}.")
         if np.dtype(sd.dtype) != np.float32:
             raise ValueError(f"s must be float32, but got {np.dtype(sd.dtype).name}.")
-        if np.dtype(vd.dtype).name not in ("float16", "float32"):
-            raise ValueError(f"v must be float16 or float32, but got {np.dtype(vd.dtype).name}.")
+    dt = _arrays.logical_dtype(v)
+    if dt == np.uint16 and not isinstance(v, np.ndarray):   # bf16 bits on the device
+        dt = _arrays.BFLOAT16
+    if validate and dt.name not in ("float16", "float32", "bfloat16"):
+        raise ValueError(f"v must be float16, float32 or bfloat16, but got {dt.name}.")
     n, _, h, d = V.shape_of(vd)
-    out = _arrays.zeros((n, h, d), vd.dtype)
+    out = _arrays.zeros((n, h, d), dt)
     lse = _arrays.zeros((n, h), np.float32)
     if n and h:
-        merge_kernel()[(h, n), 128](out, lse, vd, sd)
+        merge_kernel(dt.name, dt.name)[(h, n), 128](out, lse, vd, sd)
     if from_host:
-        return out.copy_to_host(), lse.copy_to_host()
+        return _arrays.to_host(out, dt), lse.copy_to_host()
     return out, lse
 
 
@@ -320,15 +352,13 @@ class DecodePlan:
         self._variants = _variants(self.num_heads, sliding_window, alibi_slopes, logits_soft_cap)
         self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
         max_context = max(self.max_blocks * cache.block_size, 1)
-        if num_partitions is None:
-            num_partitions = num_partitions_for(self.num_seqs, num_heads // hpb, max_context,
-                                                _arrays.sm_count())
-        if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
-                or num_partitions < 1:
-            raise ValueError(
-                f"num_partitions must be a positive integer, but got {num_partitions!r}.")
-        self.partition_size = max(-(-max_context // int(num_partitions)), 1)
-        self.num_partitions = max(-(-max_context // self.partition_size), 1)
+        self.num_warps = int(num_warps)
+        tuning = (self.num_warps, int(unroll), int(stages))
+        probe = (_arrays.zeros((1, 1, head_size), cache.dtype), cache.key_cache,
+                 cache.value_cache, _arrays.zeros((1, 1), np.int32), _arrays.zeros(1, np.int32),
+                 np.float32(self.scale), np.int32(0), *self._variants)     # kernel argument types
+        self.num_partitions, self.partition_size = _partitions(
+            num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning, probe)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)
@@ -338,11 +368,10 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self.num_warps = int(num_warps)
         self._kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
-                                     cache.layout, self.num_warps, int(unroll), int(stages))
+                                     cache.layout, *tuning, p > 1)
         self._grid = (h // hpb, n, p)
-        self._merge = (_launch.PackedLaunch(merge_kernel(), (h, n), 128,
+        self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
                        if p > 1 and n else None)
         self._inputs = None
@@ -395,7 +424,7 @@ class DecodePlan:
         expect = (self.num_seqs, self.num_heads, self.cache.head_size)
         if V.shape_of(q) != expect:
             raise ValueError(f"query must be {list(expect)} for this plan, but got {V.shape_of(q)}.")
-        V.check_dtype("query", q, self.cache.dtype)
+        V.check_dtype("query", query, self.cache.dtype)
         tables, tables_host = _int32_device("block_tables", block_tables, True)
         lens, lens_host = _int32_device("seq_lens", seq_lens, True)
         if V.shape_of(tables) != (self.num_seqs, self.max_blocks):

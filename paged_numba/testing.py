@@ -113,7 +113,7 @@ class DecodeProblem:
 
 @st.composite
 def decode_problems(draw, head_sizes=(64, 80, 96, 112, 128, 256), block_sizes=(8, 16, 32),
-                    layouts=("nhd", "vllm", "hnd", "interleaved"), dtypes=("float16", "float32"),
+                    layouts=("nhd", "vllm", "hnd", "interleaved"), dtypes=ALL_DTYPES,
                     groups=GQA_GROUPS, max_kv_heads=2, max_seqs=3, max_seq_len=200):
     """Draw a :class:`DecodeProblem`.
 

@@ -66,42 +66,62 @@ def element_accessors(layout, vec):
 
 
 @functools.cache
-def vector_offsets(layout, vec):
+def vector_offsets(layout, vec, block_size=None, head_size=None):
     """Device functions ``(k_flat, v_flat)``: ``k_flat(key_cache, blk, kv_head,
     offset, v)`` is the flat element index of vector ``v`` (elements ``v * vec
     ... v * vec + vec - 1``) of a token's key row, 16-byte aligned in a
     C-contiguous pool. ``v_flat`` is the same for values, or None in
-    ``"vllm"``, whose value rows are strided by ``block_size``."""
+    ``"vllm"``, whose value rows are strided by ``block_size``.
+
+    With ``block_size`` and ``head_size`` given, those pool dimensions are
+    compile-time constants (cheaper index arithmetic); otherwise they are read
+    from the pool's shape."""
     X = vec
-    if layout == "nhd":
+    BS = block_size
+    D = head_size
+    static = BS is not None and D is not None
+    if layout in ("nhd", "hnd", "interleaved"):
+        # the pool's (block, [K/V,] token, head) or (block, head, token) axes
+        tok_ax, head_ax = {"nhd": (1, 2), "hnd": (2, 1), "interleaved": (2, 3)}[layout]
+        kv_pair = 2 if layout == "interleaved" else 1
+
+        @device_function
+        def dims(pool):
+            if static:
+                return BS, pool.shape[head_ax], D
+            return pool.shape[tok_ax], pool.shape[head_ax], pool.shape[-1]
+
+        if layout == "hnd":
+
+            @device_function
+            def row(pool, blk, h, off, which):
+                bs, nh, d = dims(pool)
+                return ((blk * nh + h) * bs + off) * d
+        else:
+
+            @device_function
+            def row(pool, blk, h, off, which):
+                bs, nh, d = dims(pool)
+                return (((blk * kv_pair + which) * bs + off) * nh + h) * d
 
         @device_function
         def k_flat(kc, blk, h, off, v):
-            return ((blk * kc.shape[1] + off) * kc.shape[2] + h) * kc.shape[3] + v * X
-        v_flat = k_flat
+            return row(kc, blk, h, off, 0) + v * X
 
-    elif layout == "hnd":
+        if layout == "interleaved":
 
-        @device_function
-        def k_flat(kc, blk, h, off, v):
-            return ((blk * kc.shape[1] + h) * kc.shape[2] + off) * kc.shape[3] + v * X
-        v_flat = k_flat
-
-    elif layout == "interleaved":
-
-        @device_function
-        def k_flat(kc, blk, h, off, v):
-            return ((blk * 2 * kc.shape[2] + off) * kc.shape[3] + h) * kc.shape[4] + v * X
-
-        @device_function
-        def v_flat(vc, blk, h, off, v):
-            return (((blk * 2 + 1) * vc.shape[2] + off) * vc.shape[3] + h) * vc.shape[4] + v * X
+            @device_function
+            def v_flat(vc, blk, h, off, v):
+                return row(vc, blk, h, off, 1) + v * X
+        else:
+            v_flat = k_flat
 
     elif layout == "vllm":
 
         @device_function
         def k_flat(kc, blk, h, off, v):
-            return (((blk * kc.shape[1] + h) * kc.shape[2] + v) * kc.shape[3] + off) * X
+            bs = BS if static else kc.shape[3]
+            return (((blk * kc.shape[1] + h) * kc.shape[2] + v) * bs + off) * X
         v_flat = None
 
     else:

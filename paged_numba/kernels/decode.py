@@ -134,11 +134,11 @@ SHARED_BYTES = 48 * 1024      # static shared memory of one thread block
 
 @functools.cache
 def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
-                  num_warps=4, unroll=4, stages=4):
+                  num_warps=4, unroll=4, stages=4, split=False):
     """Compile-time specialised decode kernel for a cache of ``dtype`` (a name).
 
     Kernel arguments: ``out [num_seqs, num_partitions, num_heads, head_size]``
-    (the cache's dtype, or float32 for split-K partials), ``lse [num_seqs,
+    (the cache's dtype; float32 split-K partials when ``split``), ``lse [num_seqs,
     num_partitions, num_heads]`` float32, ``query [num_seqs, num_heads,
     head_size]``, ``key_cache``, ``value_cache`` (C-contiguous pools),
     ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
@@ -186,9 +186,10 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
     _, v_vec = vector_accessors(layout, dtype)
-    k_flat, v_flat = vector_offsets(layout, VEC)
+    k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, HEAD_SIZE)
     wait_stages = wait_group(STAGES - 1)
-    to_f32, from_f32 = codec(dtype)
+    to_f32, _ = codec(dtype)
+    _, from_f32 = codec("float32" if split else dtype)     # the output's element type
     reduce_logits = transposing_reducer(N, LPR)
     head_max = lane_reducer(head_mask, True)
     head_sum = lane_reducer(head_mask, False)

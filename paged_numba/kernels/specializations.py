@@ -7,6 +7,7 @@ import numpy as np
 from numba.core import types
 from numba.np.numpy_support import from_dtype
 
+from .._arrays import storage_dtype
 from ..layouts import vector_width
 from .decode import decode_kernel
 from .merge import merge_kernel
@@ -14,11 +15,11 @@ from .write_kv import write_kv_kernel
 
 BLOCK_SIZES = (8, 16, 32)
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
-DTYPES = ("float16", "float32")
+DTYPES = ("float16", "float32", "bfloat16")
 
 
 def _arr(dtype, ndim):
-    return types.Array(from_dtype(np.dtype(dtype)), ndim, "C")
+    return types.Array(from_dtype(storage_dtype(dtype)), ndim, "C")
 
 
 def _pools(layout, dtype):
@@ -58,7 +59,7 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     from ..attention import NUM_WARPS, STAGES, UNROLL
 
     for hs, bs, hpb, layout, dtype, split in decode_points(layouts, dtypes):
-        kernel = decode_kernel(hs, bs, hpb, dtype, layout, NUM_WARPS, UNROLL, STAGES)
+        kernel = decode_kernel(hs, bs, hpb, dtype, layout, NUM_WARPS, UNROLL, STAGES, split)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
         yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
@@ -67,8 +68,12 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
             sig = (*_pools(layout, dtype), _arr(dtype, 3), _arr(dtype, 3), _arr(slot_dtype, 1))
             yield f"write_kv bs={bs} {layout} {dtype} slots={slot_dtype}", kernel, sig
     for dtype in DTYPES:
-        sig = (_arr(dtype, 3), _arr("float32", 2), _arr("float32", 4), _arr("float32", 3))
-        yield f"merge out={dtype}", merge_kernel(), sig
+        for v_dtype in sorted({"float32", dtype}):      # split-K partials; merge_states input
+            sig = (_arr(dtype, 3), _arr("float32", 2), _arr(v_dtype, 4), _arr("float32", 3))
+            yield f"merge out={dtype} v={v_dtype}", merge_kernel(dtype, v_dtype), sig
+    from .prefill import prefill_specializations
+
+    yield from prefill_specializations()
 
 
 def _compile_slice(args):
