@@ -14,6 +14,7 @@ UNROLL = 4            # tokens per lane and warp step
 STAGES = 2            # warp steps whose K/V copies are in flight (the copy ring's depth)
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
 PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
+SPLIT_MARGIN = 0.05   # split only for a modelled gain above this
 
 
 def _int32_device(name, x, validate):
@@ -82,27 +83,27 @@ def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
 
 
 def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, resident=3):
-    """Split-K heuristic: the partition count ``P`` that minimises a simple
-    model of the kernel's time, ``waves(P) * (max_context / P + PARTITION_COST)``:
-    the ``num_seqs * num_head_blocks * P`` thread blocks run in waves of
+    """Split-K heuristic: the fewest partitions ``P`` whose modelled time is
+    within ``SPLIT_MARGIN`` of the best. The model is
+    ``waves(P) * (max_context / P + PARTITION_COST)``: the ``num_seqs *
+    num_head_blocks * P`` thread blocks run in ``ceil`` waves of
     ``sm_count * resident`` (blocks resident per multiprocessor), each wave
     as long as one partition plus a fixed cost per block (``PARTITION_COST``
     tokens: the epilogue, and the merge). Partitions are at least
-    ``MIN_PARTITION`` tokens; ties go to fewer partitions.
+    ``MIN_PARTITION`` tokens. Fitted to the H200 grid in
+    ``results/decode_grid_h200.csv``.
 
     >>> num_partitions_for(1, 8, 32768, 132)      # one long sequence: split it
-    49
+    46
     >>> num_partitions_for(256, 8, 2048, 132)     # a large batch fills the GPU alone
     1
     """
     blocks = max(num_seqs * num_head_blocks, 1)
     slots = max(sm_count * resident, 1)
-    best, best_cost = 1, None
-    for p in range(1, max(1, -(-max_context // MIN_PARTITION)) + 1):
-        cost = -(-blocks * p // slots) * (max_context / p + PARTITION_COST)
-        if best_cost is None or cost < best_cost * (1 - 1e-9):
-            best, best_cost = p, cost
-    return best
+    options = range(1, max(1, -(-max_context // MIN_PARTITION)) + 1)
+    cost = {p: -(-blocks * p // slots) * (max_context / p + PARTITION_COST) for p in options}
+    best = min(cost.values())
+    return min(p for p in options if cost[p] <= best * (1 + SPLIT_MARGIN))
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning, args):

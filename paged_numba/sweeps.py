@@ -417,7 +417,7 @@ def measure_exactness(p):
     error over the bound of :mod:`paged_numba.testing` (<= 1 passes)."""
     from . import PagedKVCache, paged_decode
     from .reference import paged_decode_reference
-    from .testing import DecodeProblem, decode_reference
+    from .testing import DecodeProblem, decode_reference, ulp
 
     n, ctx, bs = p["num_seqs"], p["context"], p["block_size"]
     blocks_per_seq = -(-ctx // bs)
@@ -437,7 +437,7 @@ def measure_exactness(p):
     ref, _, bound, _ = decode_reference(prob, q, k, v, num_partitions=parts)
     ref32, _ = paged_decode_reference(q, k, v, prob.block_tables, prob.seq_lens, dtype=np.float32)
     err = np.abs(out.astype(np.float64) - ref)
-    allowed = bound + np.spacing(np.abs(ref).astype(out.dtype)).astype(np.float64)
+    allowed = bound + ulp(ref, out.dtype)
     return dict(err_kernel=float(err.max()),
                 err_numpy_fp32=float(np.abs(ref32.astype(np.float64) - ref).max()),
                 err_over_bound=float((err / allowed).max()), max_abs_out=float(np.abs(ref).max()))
@@ -445,8 +445,9 @@ def measure_exactness(p):
 
 register(Sweep(
     "exactness",
-    grid=dict(block_size=[8, 16, 32], table=["random", "identity"], dtype=["float16", "float32"],
-              layout=["nhd", "vllm"], context=[1, 15, 257, 4097], num_partitions=["auto", 1, 8],
+    grid=dict(block_size=[8, 32], table=["random", "identity"],
+              dtype=["float16", "bfloat16", "float32"], layout=["nhd"],
+              context=[1, 15, 257, 4097], num_partitions=["auto", 1],
               num_seqs=[4], num_heads=[8], num_kv_heads=[2], head_size=[128], seed=[0]),
     quick_grid=dict(block_size=[16], table=["random"], dtype=["float16"], layout=["nhd"],
                     context=[40], num_partitions=["auto"], num_seqs=[1], num_heads=[2],
@@ -584,8 +585,8 @@ _TINY = dict(num_heads=[2], group=[2], head_size=[16], block_size=[16], dtype=["
 
 register(Sweep(
     "decode",
-    grid=dict(batch=[1, 4, 16, 64, 256], context=[512, 2048, 8192, 32768], group=[1, 4, 8, 32],
-              head_size=[64, 128, 256], num_heads=[32], block_size=[16], dtype=["float16"],
+    grid=dict(batch=[1, 16, 64, 256], context=[512, 2048, 8192, 32768], group=[1, 4, 32],
+              head_size=[128], num_heads=[32], block_size=[16], dtype=["float16"],
               table=["random"]),
     quick_grid=dict(batch=[1], context=[48], table=["random"], **_TINY),
     measure=functools.partial(measure_decode_time, sdpa=True),
