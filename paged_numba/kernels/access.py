@@ -82,14 +82,15 @@ def vector_offsets(layout, vec, block_size=None, head_size=None):
     static = BS is not None and D is not None
     if layout in ("nhd", "hnd", "interleaved"):
         # the pool's (block, [K/V,] token, head) or (block, head, token) axes
-        tok_ax, head_ax = {"nhd": (1, 2), "hnd": (2, 1), "interleaved": (2, 3)}[layout]
+        tok_ax, head_ax, dim_ax = {"nhd": (1, 2, 3), "hnd": (2, 1, 3),
+                                   "interleaved": (2, 3, 4)}[layout]
         kv_pair = 2 if layout == "interleaved" else 1
 
         @device_function
         def dims(pool):
             if static:
                 return BS, pool.shape[head_ax], D
-            return pool.shape[tok_ax], pool.shape[head_ax], pool.shape[-1]
+            return pool.shape[tok_ax], pool.shape[head_ax], pool.shape[dim_ax]
 
         if layout == "hnd":
 
