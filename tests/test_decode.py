@@ -26,15 +26,19 @@ if SIM:
     CONFIGS = [{}]
 else:
     SHAPES = dict(max_seq_len=3000, max_seqs=8, max_kv_heads=4)
-    # every head size x layout x dtype x group at block size 16; every block size
+    # head sizes 64, 72 (not a power-of-two number of vectors), 128, 256 x layout
+    # x dtype x group at block size 16 (80-112 are compiled in test_ptx); every block size
     # (1 and 5 included) at head size 128; odd group sizes (3, 7: heads per
     # thread block that are not powers of two) and odd row widths (8, 24)
-    POINTS = (list(itertools.product((64, 72, 80, 96, 112, 128, 256), (16,), LAYOUTS, DTYPES,
-                                     (1, 2, 4, 8)))
+    POINTS = (list(itertools.product((64, 72, 128, 256), (16,), LAYOUTS,
+                                     ("float16", "float32", "bfloat16"), (1, 2, 4, 8)))
               + list(itertools.product((128,), (1, 5, 8, 32), LAYOUTS, DTYPES, (1, 8)))
               + list(itertools.product((8, 24, 128), (16,), ("nhd", "vllm"), DTYPES, (3, 7))))
     CONFIGS = [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,), groups=(g,))
                for hs, bs, lay, dt, g in POINTS]
+# bit-for-bit invariance under moving blocks: one head size and block size suffice
+PLACEMENT_CONFIGS = [c for c in CONFIGS if c.get("head_sizes", (128,)) == (128,)
+                     and c.get("block_sizes", (16,)) == (16,)]
 
 
 def config_id(c):
@@ -97,7 +101,7 @@ def test_decode_matches_reference(config, data):
                  **extra)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+@pytest.mark.parametrize("config", PLACEMENT_CONFIGS, ids=config_id)
 @given(data=st.data())
 def test_decode_independent_of_block_placement(config, data):
     """Moving the physical blocks (and the table with them) changes nothing, bit for bit."""
