@@ -27,8 +27,8 @@ from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["BlockAllocator", "DecodePlan", "OutOfBlocksError", "PagedKVCache", "merge_states",
-           "paged_decode", "write_kv", "simulator_enabled"]
+__all__ = ["BlockAllocator", "DecodePlan", "OutOfBlocksError", "PagedKVCache", "PrefillPlan",
+           "merge_states", "paged_decode", "paged_prefill", "write_kv", "simulator_enabled"]
 
 
 def simulator_enabled():
