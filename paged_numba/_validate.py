@@ -48,6 +48,9 @@ def check_cache(cache):
                  "head_size", "dtype", "layout"):
         if not hasattr(cache, attr):
             raise TypeError(f"cache must be a PagedKVCache, but got {type(cache).__name__}.")
+    if getattr(cache, "num_layers", None) is not None:
+        raise ValueError(f"cache has num_layers={cache.num_layers}; kernels take one layer: "
+                         f"pass cache.layer(i).")
 
 
 def check_int_array(name, x):

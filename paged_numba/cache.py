@@ -36,6 +36,12 @@ class PagedKVCache:
         ``"interleaved"``: one pool ``[num_blocks, 2, block_size, num_kv_heads, head_size]``
         (each block's K, then its V at ``V_OFFSET = block_size * num_kv_heads *
         head_size`` elements); ``key_cache`` and ``value_cache`` are that pool.
+    num_layers : int, optional
+        A cache for a whole model: every pool gets a leading ``[num_layers]``
+        axis and the layers share one set of block ids (one allocator, one
+        block table, as the small CUDA engine of the seeds indexes its table
+        by layer). Kernels take one layer at a time: :meth:`layer` returns a
+        cache that views layer ``i``'s pools without a copy.
 
     Attributes
     ----------
@@ -57,10 +63,13 @@ class PagedKVCache:
     (dtype(bfloat16), dtype('uint16'), (4, 2, 8, 16, 8))
     >>> bf.to_host()[0].dtype
     dtype(bfloat16)
+    >>> model = PagedKVCache(4, 16, 2, 64, num_layers=3)      # [num_layers, num_blocks, ...]
+    >>> model.key_cache.shape, model.layer(2).key_cache.shape
+    ((3, 4, 16, 2, 64), (4, 16, 2, 64))
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_size,
-                 dtype="float16", layout="nhd"):
+                 dtype="float16", layout="nhd", num_layers=None):
         self.num_blocks = _positive_int("num_blocks", num_blocks)
         self.block_size = _positive_int("block_size", block_size)
         self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
@@ -72,10 +81,27 @@ class PagedKVCache:
         self.layout = layout
         self.key_shape, self.value_shape = cache_shapes(
             layout, self.num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.dtype)
-        self.key_cache = _arrays.zeros(self.key_shape, self.dtype)
+        self.num_layers = None if num_layers is None else _positive_int("num_layers", num_layers)
+        lead = () if num_layers is None else (self.num_layers,)
+        self.key_cache = _arrays.zeros(lead + self.key_shape, self.dtype)
         # "interleaved" keeps K and V of a block in one buffer: both names share the pool
         self.value_cache = (self.key_cache if layout == "interleaved"
-                            else _arrays.zeros(self.value_shape, self.dtype))
+                            else _arrays.zeros(lead + self.value_shape, self.dtype))
+
+    def layer(self, i):
+        """The cache of layer ``i`` of a ``num_layers`` cache: same geometry,
+        pools that are views of layer ``i`` (writes go to this cache)."""
+        if self.num_layers is None:
+            raise ValueError("layer() needs a cache made with num_layers.")
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) \
+                or not 0 <= i < self.num_layers:
+            raise ValueError(f"layer must be an integer in [0, {self.num_layers}), but got {i!r}.")
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view.num_layers = None
+        view.key_cache = self.key_cache[int(i)]
+        view.value_cache = self.value_cache[int(i)]
+        return view
 
     @classmethod
     def from_host(cls, key_cache, value_cache, layout="nhd"):
@@ -103,13 +129,17 @@ class PagedKVCache:
 
     @property
     def nbytes(self):
-        """Bytes held by both pools."""
-        return 2 * self.num_slots * self.num_kv_heads * self.head_size * self.dtype.itemsize
+        """Bytes held by both pools (all layers)."""
+        return (2 * self.num_slots * self.num_kv_heads * self.head_size * self.dtype.itemsize
+                * (self.num_layers or 1))
 
     def to_host(self, layout="nhd"):
-        """Copy both pools to the host, converted to ``layout``, in :attr:`dtype`."""
-        k, v = to_nhd(self._host(self.key_cache), self._host(self.value_cache), self.layout)
-        return from_nhd(k, v, layout)
+        """Copy both pools to the host, converted to ``layout``, in :attr:`dtype`
+        (with the leading ``[num_layers]`` axis of a layered cache)."""
+        layered = self.num_layers is not None
+        k, v = to_nhd(self._host(self.key_cache), self._host(self.value_cache), self.layout,
+                      layered=layered)
+        return from_nhd(k, v, layout, layered=layered)
 
     def _host(self, pool):
         """A copy of device ``pool`` (or a slice of it) in the logical dtype."""
@@ -129,6 +159,8 @@ class PagedKVCache:
         -------
         K, V : numpy.ndarray, each ``[seq_len, num_kv_heads, head_size]``
         """
+        if self.num_layers is not None:
+            raise ValueError("gather() works on one layer: call cache.layer(i).gather(...).")
         row = np.asarray(_arrays.to_host(block_table_row)).reshape(-1)
         seq_len = int(seq_len)
         used = -(-seq_len // self.block_size)
@@ -158,5 +190,6 @@ class PagedKVCache:
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
                 f"dtype={self.dtype.name}, layout={self.layout!r}, slots={self.num_slots}, "
-                f"key{list(self.key_shape)} + value{list(self.value_shape)} = "
+                + (f"num_layers={self.num_layers} x " if self.num_layers else "")
+                + f"key{list(self.key_shape)} + value{list(self.value_shape)} = "
                 f"{self.nbytes} bytes ({mib:.2f} MiB))")

@@ -1,5 +1,6 @@
 """PagedKVCache layouts, write_kv and gather."""
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -83,3 +84,39 @@ def test_layout_round_trip(dtype, nb, nkv, hd, bs):
     v = rng.standard_normal((nb, bs, nkv, hd)).astype(dtype)
     k2, v2 = to_nhd(*from_nhd(k, v, "vllm"), "vllm")
     assert np.array_equal(k, k2) and np.array_equal(v, v2)
+
+
+def test_layered_cache_layers_share_block_ids_and_not_memory():
+    """A model-wide cache: one allocator's block table serves every layer,
+    each layer's tokens land in that layer only, and decode on a layer view
+    matches the reference on that layer's pools."""
+    from paged_numba.reference import paged_decode_reference
+    from paged_numba.testing import check_close, decode_bounds, DecodeProblem
+
+    num_layers, bs, kvh, hs = 3, 8, 2, 16
+    cache = pn.PagedKVCache(6, bs, kvh, hs, "float32", "hnd", num_layers=num_layers)
+    assert cache.key_cache.shape == (num_layers, 6, kvh, bs, hs)
+    assert cache.nbytes == 2 * num_layers * 6 * bs * kvh * hs * 4
+    assert "num_layers=3 x" in repr(cache)
+    alloc = pn.BlockAllocator(6, bs)
+    alloc.allocate("a", 13)                      # 13 = 8 + 5: two blocks
+    table, lens, slots = alloc.block_table(), alloc.seq_lens(), alloc.slot_mapping("a", 0, 13)
+    rng = np.random.default_rng(1)
+    kv = [rng.standard_normal((2, 13, kvh, hs)).astype(np.float32) for _ in range(num_layers)]
+    for layer, (k, v) in enumerate(kv):
+        pn.write_kv(cache.layer(layer), k, v, slots)
+    host_k, host_v = cache.to_host()             # [num_layers, num_blocks, bs, kvh, hs] ("nhd")
+    q = rng.standard_normal((1, 4, hs)).astype(np.float32)
+    p = DecodeProblem(num_seqs=1, num_heads=4, num_kv_heads=kvh, head_size=hs, block_size=bs,
+                      num_blocks=6, layout="hnd", dtype="float32", seq_lens=lens,
+                      block_tables=table, seed=0)
+    for layer, (k, v) in enumerate(kv):
+        got_k, got_v = cache.layer(layer).gather(table[0], 13)
+        assert np.array_equal(got_k, k) and np.array_equal(got_v, v)   # no layer leaks into another
+        out = pn.paged_decode(q, cache.layer(layer), table, lens)
+        ref, _ = paged_decode_reference(q, host_k[layer], host_v[layer], table, lens)
+        check_close(out, ref, decode_bounds(p, q, host_k[layer], host_v[layer])[0])
+    with pytest.raises(ValueError, match="num_layers=3; kernels take one layer"):
+        pn.paged_decode(q, cache, table, lens)
+    with pytest.raises(ValueError, match=r"layer must be an integer in \[0, 3\), but got 3"):
+        cache.layer(3)
