@@ -102,6 +102,7 @@ def test_decode_matches_reference(config, data):
 
 
 @pytest.mark.parametrize("config", PLACEMENT_CONFIGS, ids=config_id)
+@settings(max_examples=8 if SIM else settings().max_examples)   # two launches per example
 @given(data=st.data())
 def test_decode_independent_of_block_placement(config, data):
     """Moving the physical blocks (and the table with them) changes nothing, bit for bit."""
