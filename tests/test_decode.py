@@ -271,3 +271,16 @@ def test_layouts_and_page_table_forms_agree(p):
     outs.append(pn.paged_decode(q, cache, csr, None, num_partitions=1))
     for other in outs[1:]:
         assert np.array_equal(outs[0], other)
+
+
+@given(st.integers(1, 512), st.integers(1, 64), st.integers(1, 65536), st.integers(1, 200),
+       st.integers(1, 16))
+def test_partition_heuristic_is_bounded_and_hardly_splits_a_full_gpu(
+        num_seqs, head_blocks, context, sm_count, resident):
+    p = pn.attention.num_partitions_for(num_seqs, head_blocks, context, sm_count, resident)
+    assert 1 <= p <= max(1, -(-context // pn.attention.MIN_PARTITION))
+    blocks, slots = num_seqs * head_blocks, sm_count * resident
+    if blocks >= 8 * slots:                 # eight waves without splitting: at most a tail fix
+        assert p <= 2
+        if blocks % slots == 0:             # whole waves: nothing to gain
+            assert p == 1
