@@ -24,8 +24,12 @@ KV head's group handled together so that each K/V byte is read once):
   partition and keeps its own online-softmax state;
 * a row of a token's key (``head_size`` elements) is split over ``LPR``
   lanes, one 16-byte vector each, so a warp covers ``TPW = 32 / LPR``
-  tokens side by side; each lane issues the loads of ``U`` tokens' keys and
-  values before using any (``2 U`` 16-byte loads in flight per lane);
+  tokens side by side, ``U`` of them per lane in a warp step; each lane
+  copies the key and value vectors it needs with ``cp.async`` into its own
+  slots of a shared-memory ring ``STAGES - 1`` steps ahead and reads them
+  back when it gets there (loads in flight hold no registers, and no lane
+  reads another's slots, so no barrier is needed; the "vllm" value layout,
+  whose rows are strided, is read directly instead);
 * the ``HPB x U`` partial dot products of a lane are reduced across its
   ``LPR`` lanes by a *transposing* butterfly: at each shuffle step a lane
   keeps half of its values and trades the other half, so after
@@ -156,7 +160,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NVEC = HEAD_SIZE // VEC               # vectors in one head row
     NW = num_warps
     NT = 32 * NW
-    U = unroll                            # tokens per lane whose loads are in flight together
+    U = unroll                            # tokens per lane and warp step
     # LPR lanes cover one token's row, one 16-byte vector each (VPL of them
     # when the row has more than 32 vectors); TPW tokens side by side per warp.
     LPR = min(32, _pow2_floor(NVEC))
