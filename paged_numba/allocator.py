@@ -19,11 +19,46 @@ NO_BLOCK = -1
 
 
 class OutOfBlocksError(RuntimeError):
-    """The pool has too few free blocks; the allocator was left unchanged."""
+    """The pool has too few free blocks; the allocator was left unchanged.
+
+    A ``RuntimeError``, raised by :meth:`BlockAllocator.allocate` and
+    :meth:`BlockAllocator.append`.
+
+    Examples
+    --------
+    >>> a = BlockAllocator(num_blocks=2, block_size=4)
+    >>> a.allocate("s0", 9)           # ceil(9 / 4) = 3 blocks, 2 in the pool
+    Traceback (most recent call last):
+        ...
+    paged_numba.allocator.OutOfBlocksError: sequence 's0' needs 3 blocks but only 2 are free
+    >>> a.num_free_blocks, len(a)     # nothing was taken
+    (2, 0)
+    >>> issubclass(OutOfBlocksError, RuntimeError)
+    True
+    """
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
+    """Blocks needed to hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``.
+
+    Parameters
+    ----------
+    num_tokens : int
+        Tokens to store (>= 0; a negative count raises ``ValueError``).
+    block_size : int
+        Token slots per block.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> num_blocks_for(45, 16)    # 45 = (3 - 1) * 16 + 13: the third block holds 13
+    3
+    >>> num_blocks_for(32, 16), num_blocks_for(33, 16), num_blocks_for(0, 16)
+    (2, 3, 0)
+    """
     return -(-_check_count(num_tokens, "num_tokens") // block_size)
 
 
@@ -32,6 +67,30 @@ def padded_block_table(rows: Sequence[Sequence[int]], max_blocks: int | None = N
 
     Entries past a row's length are ``-1``. ``max_blocks`` defaults to the longest
     row; a ``max_blocks`` shorter than that raises ``ValueError``.
+
+    Parameters
+    ----------
+    rows : sequence of sequences of int, ``num_seqs`` rows of any lengths
+        Physical blocks of each sequence, in logical order.
+    max_blocks : int, optional
+        Columns of the table.
+
+    Returns
+    -------
+    numpy.ndarray of int32, ``[num_seqs, max_blocks]``
+
+    Examples
+    --------
+    >>> padded_block_table([[7, 2, 5], [0], []])
+    array([[ 7,  2,  5],
+           [ 0, -1, -1],
+           [-1, -1, -1]], dtype=int32)
+    >>> padded_block_table([[7, 2, 5]], max_blocks=4)
+    array([[ 7,  2,  5, -1]], dtype=int32)
+    >>> padded_block_table([[7, 2, 5]], max_blocks=2)
+    Traceback (most recent call last):
+        ...
+    ValueError: max_blocks=2 is smaller than the longest row (3 blocks)
     """
     longest = max((len(r) for r in rows), default=0)
     if max_blocks is None:
@@ -50,6 +109,28 @@ def slots_from_table(block_table_row, positions, block_size: int) -> np.ndarray:
     ``block_table_row`` is ``[max_blocks]`` (may be ``-1``-padded); a position whose
     block is ``-1`` gets slot ``-1``. Positions outside ``[0, max_blocks * block_size)``
     raise ``ValueError``.
+
+    Parameters
+    ----------
+    block_table_row : array of int, ``[max_blocks]``
+    positions : array of int, ``[num_positions]``
+        Token positions in the sequence.
+    block_size : int
+
+    Returns
+    -------
+    numpy.ndarray of int64, ``[num_positions]``
+        ``row[t // block_size] * block_size + t % block_size`` for each position ``t``.
+
+    Examples
+    --------
+    >>> slots_from_table([7, 2, -1], [0, 5, 6, 9], block_size=4)
+    array([28,  9, 10, -1])
+    >>> # 28 = 7 * 4 + 0; 9 = 2 * 4 + 5 % 4; position 9 is in logical block 9 // 4 = 2: -1
+    >>> slots_from_table([7, 2, -1], [12], block_size=4)
+    Traceback (most recent call last):
+        ...
+    ValueError: positions must lie in [0, 12), but got 12..12
     """
     row = np.asarray(block_table_row, dtype=np.int64)
     pos = np.asarray(positions, dtype=np.int64)

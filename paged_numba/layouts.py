@@ -81,7 +81,27 @@ def vector_width(dtype):
 
 
 def check_layout(layout, layouts=LAYOUTS):
-    """Raise ``ValueError`` unless ``layout`` is one of ``layouts`` (default: the kernels' :data:`LAYOUTS`)."""
+    """Raise ``ValueError`` unless ``layout`` is one of ``layouts`` (default: the kernels' :data:`LAYOUTS`).
+
+    Parameters
+    ----------
+    layout : str
+        The layout name to check (case-sensitive).
+    layouts : tuple of str
+        The accepted names.
+
+    Examples
+    --------
+    >>> check_layout("hnd")                      # accepted: returns None
+    >>> check_layout("NHD")
+    Traceback (most recent call last):
+        ...
+    ValueError: layout must be one of ('nhd', 'vllm', 'hnd', 'interleaved'), but got 'NHD'.
+    >>> check_layout("vllm", layouts=("nhd",))
+    Traceback (most recent call last):
+        ...
+    ValueError: layout must be one of ('nhd',), but got 'vllm'.
+    """
     if layout not in layouts:
         raise ValueError(f"layout must be one of {layouts}, but got {layout!r}.")
 
@@ -103,6 +123,32 @@ def cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype)
 
     For ``"interleaved"`` both are the one pool's shape
     ``[num_blocks, 2, block_size, num_kv_heads, head_size]``.
+
+    Parameters
+    ----------
+    layout : str
+        One of :data:`HOST_LAYOUTS`.
+    num_blocks, block_size, num_kv_heads, head_size : int
+    dtype : str or numpy.dtype
+        Sets ``x = 16 // itemsize`` for ``"vllm"`` (``head_size`` must be a
+        multiple of it); the other layouts ignore it.
+
+    Returns
+    -------
+    key_shape, value_shape : tuple of int
+
+    Examples
+    --------
+    >>> cache_shapes("nhd", 10, 16, 2, 64, "float16")
+    ((10, 16, 2, 64), (10, 16, 2, 64))
+    >>> cache_shapes("vllm", 10, 16, 2, 64, "float16")   # x = 16 // 2 = 8; 64 // 8 = 8
+    ((10, 2, 8, 16, 8), (10, 2, 64, 16))
+    >>> cache_shapes("interleaved", 10, 16, 2, 64, "float16")   # K and V in one pool
+    ((10, 2, 16, 2, 64), (10, 2, 16, 2, 64))
+    >>> cache_shapes("vllm", 10, 16, 2, 6, "float32")
+    Traceback (most recent call last):
+        ...
+    ValueError: layout 'vllm' needs head_size to be a multiple of x = 4 for float32, but got head_size=6.
     """
     check_layout(layout, HOST_LAYOUTS)
     if layout == "nhd":
@@ -165,7 +211,37 @@ def _geometry(key_shape, value_shape, layout, layered=False):
 
 
 def infer_geometry(key_shape, value_shape, layout, dtype):
-    """Return ``(num_blocks, block_size, num_kv_heads, head_size)`` from pool shapes."""
+    """Return ``(num_blocks, block_size, num_kv_heads, head_size)`` from pool shapes.
+
+    The inverse of :func:`cache_shapes`: ``ValueError`` if the shapes are not
+    a pair that layout (and, for ``"vllm"``, ``dtype``) produces.
+
+    Parameters
+    ----------
+    key_shape, value_shape : tuple of int
+        Shapes of the key and value pools in ``layout`` (for ``"interleaved"``,
+        the one pool's shape twice).
+    layout : str
+        One of :data:`HOST_LAYOUTS`.
+    dtype : str or numpy.dtype
+        The pools' dtype; only ``"vllm"`` depends on it (``x = 16 // itemsize``).
+
+    Returns
+    -------
+    tuple of int
+        ``(num_blocks, block_size, num_kv_heads, head_size)``.
+
+    Examples
+    --------
+    >>> infer_geometry((10, 2, 16, 64), (10, 2, 16, 64), "hnd", "float32")
+    (10, 16, 2, 64)
+    >>> infer_geometry((10, 2, 8, 16, 8), (10, 2, 64, 16), "vllm", "float16")   # 64 = 8 * 8
+    (10, 16, 2, 64)
+    >>> infer_geometry((10, 2, 16, 16, 4), (10, 2, 64, 16), "vllm", "float16")  # x = 4 is float32's
+    Traceback (most recent call last):
+        ...
+    ValueError: pool shapes (10, 2, 16, 16, 4) and (10, 2, 64, 16) are not a 'vllm' layout for float16; expected (10, 2, 8, 16, 8) and (10, 2, 64, 16).
+    """
     check_layout(layout, HOST_LAYOUTS)
     if layout == "vllm" and (len(key_shape) != 5 or len(value_shape) != 4):
         raise ValueError(  # the long-standing message for a wrong number of axes
@@ -223,6 +299,22 @@ def to_nhd(key_cache, value_cache, layout, *, layered=False):
     -------
     key, value : numpy.ndarray, each ``[num_blocks, block_size, num_kv_heads, head_size]``
         (``[num_layers, ...]`` when ``layered``), C-contiguous.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> k = np.arange(2 * 2 * 3 * 8).reshape(2, 2, 3, 8)   # "hnd": nb=2, H=2, B=3, D=8
+    >>> nk, nv = to_nhd(k, -k, "hnd")
+    >>> nk.shape                                           # [nb, B, H, D]
+    (2, 3, 2, 8)
+    >>> # key[b, o, h, d] = hnd[b, h, o, d]; 69 = ((1 * 2 + 0) * 3 + 2) * 8 + 5
+    >>> int(nk[1, 2, 0, 5]), int(k[1, 0, 2, 5])
+    (69, 69)
+    >>> pool, _ = from_nhd(nk, nv, "interleaved")
+    >>> bool((to_nhd(pool, pool, "interleaved")[1] == nv).all())   # V from pool[:, 1]
+    True
+    >>> to_nhd(k[None], k[None], "hnd", layered=True)[0].shape      # one layer
+    (1, 2, 3, 2, 8)
     """
     check_layout(layout, HOST_LAYOUTS)
     key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
@@ -262,6 +354,19 @@ def from_nhd(key_cache, value_cache, layout, *, layered=False):
         Pools in ``layout``, C-contiguous. For ``"interleaved"`` this is
         ``(pool, pool)``: the same array object twice (key and value must then
         have the same dtype).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> k = np.arange(2 * 3 * 2 * 8, dtype=np.float32).reshape(2, 3, 2, 8)  # nb=2, B=3, H=2, D=8
+    >>> vk, vv = from_nhd(k, -k, "vllm")                   # x = 16 // 4 = 4
+    >>> vk.shape, vv.shape                                 # [nb, H, D // x, B, x], [nb, H, D, B]
+    ((2, 2, 2, 3, 4), (2, 2, 8, 3))
+    >>> # key[b, o, h, d] = vllm_key[b, h, d // 4, o, d % 4]: d = 6 -> [.., 1, o, 2]
+    >>> float(k[1, 2, 0, 6]), float(vk[1, 0, 1, 2, 2])    # 86 = ((1 * 3 + 2) * 2 + 0) * 8 + 6
+    (86.0, 86.0)
+    >>> [bool((a == b).all()) for a, b in zip(to_nhd(vk, vv, "vllm"), (k, -k))]   # round trip
+    [True, True]
     """
     check_layout(layout, HOST_LAYOUTS)
     key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)

@@ -20,7 +20,32 @@ def check_lengths(cu_seqlens_q, seq_lens, total_q):
     """Check ``cu_seqlens_q [num_seqs + 1]`` against ``seq_lens [num_seqs]``
     and ``total_q`` query rows (host arrays): it starts at 0, never
     decreases, ends at ``total_q``, and no sequence has more queries than
-    tokens in the cache. Returns the query lengths ``[num_seqs]``."""
+    tokens in the cache. Returns the query lengths ``[num_seqs]``.
+
+    Parameters
+    ----------
+    cu_seqlens_q : array of int, ``[num_seqs + 1]``
+        Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``.
+    seq_lens : numpy.ndarray of int, ``[num_seqs]``
+        Tokens of each sequence in the cache, this step's included.
+    total_q : int
+        Query rows in all.
+
+    Returns
+    -------
+    q_lens : numpy.ndarray, ``[num_seqs]``
+        ``numpy.diff(cu_seqlens_q)``; ``ValueError`` names the first problem.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_lengths(np.array([0, 10, 13, 14]), np.array([10, 20, 1]), total_q=14)
+    array([10,  3,  1])
+    >>> check_lengths(np.array([0, 4, 5]), np.array([3, 9]), total_q=5)
+    Traceback (most recent call last):
+        ...
+    ValueError: sequence 0 has q_len 4 query tokens but seq_lens[0] = 3; seq_lens must count the cached tokens plus this step's, so q_len <= seq_len.
+    """
     cu = np.asarray(cu_seqlens_q)
     if cu.ndim != 1 or cu.size != seq_lens.size + 1:
         raise ValueError(f"cu_seqlens_q must be [num_seqs + 1] = [{seq_lens.size + 1}], but got "
@@ -51,7 +76,34 @@ def plan_tiles(q_lens, seq_lens, block_q, causal=True, sliding_window=None):
     Sequence ``s`` gets tiles at ``q0 = 0, block_q, 2 * block_q, ...`` below
     its query length. Tiles are ordered by the keys they read, most first,
     so that the long tiles of a mixed batch start early and short ones fill
-    the gaps at the end."""
+    the gaps at the end.
+
+    Parameters
+    ----------
+    q_lens, seq_lens : array of int, ``[num_seqs]``
+        Query rows and cached tokens (this step's included) of each sequence.
+    block_q : int
+        Query tokens per tile.
+    causal : bool
+        A tile reads keys up to its last query's position; ``False``: all keys.
+    sliding_window : int, optional
+        A tile reads no key older than its first query's window.
+
+    Returns
+    -------
+    tile_seq, tile_q0 : numpy.ndarray of int32, ``[num_tiles]``
+        Sequence and first query row (within the sequence) of each tile.
+
+    Examples
+    --------
+    >>> # sequence 0: a 5-token prompt; sequence 1: 2 new tokens after 8 cached
+    >>> plan_tiles([5, 2], [5, 10], block_q=2)
+    (array([1, 0, 0, 0], dtype=int32), array([0, 4, 2, 0], dtype=int32))
+    >>> # keys read, causal: (1, 0) -> 10; (0, 4) -> 5; (0, 2) -> 4; (0, 0) -> 2
+    >>> plan_tiles([5, 2], [5, 10], block_q=2, sliding_window=3)
+    (array([0, 1, 0, 0], dtype=int32), array([2, 0, 4, 0], dtype=int32))
+    >>> # keys 0..3 (4 keys), 6..9 (4, ties keep their order), 2..4 (3), 0..1 (2)
+    """
     seqs, starts, work = [], [], []
     for s, (n, kv) in enumerate(zip(np.asarray(q_lens).tolist(), np.asarray(seq_lens).tolist())):
         for q0 in range(0, n, block_q):

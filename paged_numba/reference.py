@@ -18,7 +18,30 @@ from .layouts import to_nhd
 
 def gather_kv(key_cache, value_cache, block_table_row, seq_len):
     """Keys and values of one sequence, ``[seq_len, num_kv_heads, head_size]`` each,
-    from ``"nhd"`` pools ``[num_blocks, block_size, num_kv_heads, head_size]``."""
+    from ``"nhd"`` pools ``[num_blocks, block_size, num_kv_heads, head_size]``.
+
+    Parameters
+    ----------
+    key_cache, value_cache : numpy.ndarray, ``[num_blocks, block_size, num_kv_heads, head_size]``
+    block_table_row : array of int, ``[max_blocks]``
+        The sequence's physical blocks; only the first ``ceil(seq_len /
+        block_size)`` are read (they must be valid ids), so ``-1`` padding may follow.
+    seq_len : int
+
+    Returns
+    -------
+    k, v : numpy.ndarray, ``[seq_len, num_kv_heads, head_size]`` each
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> kc = np.arange(3 * 2 * 1 * 8.0).reshape(3, 2, 1, 8)   # 3 blocks of 2 tokens, H=1, D=8
+    >>> k, v = gather_kv(kc, -kc, [2, 0, -1], seq_len=3)       # blocks 2 then 0, 3 tokens
+    >>> k.shape, v.shape
+    ((3, 1, 8), (3, 1, 8))
+    >>> k[:, 0, 0]            # slots 4, 5, 0 -> first elements 4 * 8, 5 * 8, 0 * 8
+    array([32., 40.,  0.])
+    """
     block_size = key_cache.shape[1]
     used = -(-int(seq_len) // block_size)
     blocks = np.asarray(block_table_row[:used], dtype=np.int64)
@@ -40,6 +63,37 @@ def logits(q, k, scale, dtype=np.float64, *, q_positions=None, causal=False,
     ``s = c tanh(s / c)`` (soft cap ``c``), ``s += slope_h * (j - p)`` (ALiBi),
     key admitted only if ``p - j < sliding_window``, and with ``causal`` only
     if ``j <= p``.
+
+    Parameters
+    ----------
+    q : array, ``[num_q, num_heads, head_size]``
+    k : array, ``[num_kv, num_kv_heads, head_size]``
+        ``num_heads`` must be a multiple of ``num_kv_heads`` (GQA).
+    scale : float
+    dtype : numpy float type
+        What everything is computed in.
+    q_positions : array of int, ``[num_q]``, optional
+    causal : bool
+    sliding_window : int, optional
+    alibi_slopes : array of float, ``[num_heads]``, optional
+    logits_soft_cap : float, optional
+
+    Returns
+    -------
+    numpy.ndarray, ``[num_heads, num_q, num_kv]``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.ones((2, 1, 2))                          # 2 queries, at positions 1 and 2
+    >>> k = np.array([[[1.0, 0.0]], [[2.0, 0.0]], [[3.0, 0.0]]])   # q.k = 1, 2, 3
+    >>> logits(q, k, scale=0.5, causal=True)            # the query at 1 cannot see key 2
+    array([[[ 0.5,  1. , -inf],
+            [ 0.5,  1. ,  1.5]]])
+    >>> # window 2 drops key 0 for the query at 2; ALiBi adds 0.5 * (j - p): 2 + 0.5 * (1 - 2) = 1.5
+    >>> logits(q, k, 1.0, causal=True, sliding_window=2, alibi_slopes=[0.5])
+    array([[[ 0.5,  2. , -inf],
+            [-inf,  1.5,  3. ]]])
     """
     q, k = np.asarray(q, dtype=dtype), np.asarray(k, dtype=dtype)
     num_q, num_heads, _ = q.shape
@@ -67,7 +121,39 @@ def attention(q, k, v, scale, dtype=np.float64, **variants):
     ``k, v [num_kv, num_kv_heads, head_size]``; ``variants`` as in :func:`logits`.
 
     Returns ``out [num_q, num_heads, head_size]`` and ``lse [num_q, num_heads]``;
-    a query with no admissible key gets zeros and ``-inf``."""
+    a query with no admissible key gets zeros and ``-inf``.
+
+    Parameters
+    ----------
+    q : array, ``[num_q, num_heads, head_size]``
+    k, v : array, ``[num_kv, num_kv_heads, head_size]`` each
+    scale : float
+    dtype : numpy float type
+    **variants
+        ``q_positions``, ``causal``, ``sliding_window``, ``alibi_slopes``,
+        ``logits_soft_cap`` as in :func:`logits`.
+
+    Returns
+    -------
+    out : numpy.ndarray, ``[num_q, num_heads, head_size]``
+    lse : numpy.ndarray, ``[num_q, num_heads]``
+        ``log sum_j exp(logit_j)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> k = np.zeros((3, 1, 2))                        # equal logits: a plain mean of v
+    >>> v = np.array([[[0.0, 1.0]], [[2.0, 3.0]], [[4.0, 5.0]]])
+    >>> out, lse = attention(np.ones((1, 2, 2)), k, v, scale=1.0)   # 2 heads share KV head 0
+    >>> out                                            # (0 + 2 + 4) / 3 = 2, (1 + 3 + 5) / 3 = 3
+    array([[[2., 3.],
+            [2., 3.]]])
+    >>> lse.round(4)                                   # log(e^0 + e^0 + e^0) = log 3
+    array([[1.0986, 1.0986]])
+    >>> out, lse = attention(np.ones((1, 1, 2)), k, v, 1.0, causal=True, q_positions=[0])
+    >>> out, lse                                       # only key 0 is at or before position 0
+    (array([[[0., 1.]]]), array([[0.]]))
+    """
     q, v = np.asarray(q, dtype=dtype), np.asarray(v, dtype=dtype)
     num_heads = q.shape[1]
     z = logits(q, k, scale, dtype, **variants)                 # [num_heads, num_q, num_kv]
@@ -99,6 +185,25 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
     Returns
     -------
     out : ``[num_seqs, num_heads, head_size]`` and lse : ``[num_seqs, num_heads]``, in ``dtype``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> k = np.zeros((3, 2, 1, 2))                     # 3 blocks of 2 slots, H=1, D=2
+    >>> v = np.arange(6.0).repeat(2).reshape(3, 2, 1, 2)   # every element of slot s is s
+    >>> tables = np.array([[2, 0], [1, -1]])
+    >>> out, lse = paged_decode_reference(np.ones((2, 1, 2)), k, v, tables, [3, 1])
+    >>> out[:, 0]            # seq 0: slots 4, 5, 0 -> mean 3; seq 1: slot 2
+    array([[3., 3.],
+           [2., 2.]])
+    >>> lse.round(4)         # log 3, log 1
+    array([[1.0986],
+           [0.    ]])
+    >>> from paged_numba.layouts import from_nhd
+    >>> kh, vh = from_nhd(k, v, "hnd")                 # the same pools in another layout
+    >>> bool((paged_decode_reference(np.ones((2, 1, 2)), kh, vh, tables, [3, 1],
+    ...                              layout="hnd")[0] == out).all())
+    True
     """
     query = np.asarray(query)
     key_cache, value_cache = to_nhd(np.asarray(key_cache), np.asarray(value_cache), layout)
@@ -132,6 +237,23 @@ def paged_prefill_reference(query, key_cache, value_cache, block_tables, cu_seql
     Returns
     -------
     out : ``[total_q, num_heads, head_size]`` and lse : ``[total_q, num_heads]``, in ``dtype``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> k = np.zeros((3, 2, 1, 2))                     # 3 blocks of 2 slots, H=1, D=2
+    >>> v = np.arange(6.0).repeat(2).reshape(3, 2, 1, 2)   # every element of slot s is s
+    >>> tables = np.array([[2, 0], [1, -1]])
+    >>> # seq 0: 2 queries at positions 1, 2 of 3 tokens; seq 1: 1 query at position 0
+    >>> out, lse = paged_prefill_reference(np.ones((3, 1, 2)), k, v, tables,
+    ...                                    cu_seqlens_q=[0, 2, 3], seq_lens=[3, 1])
+    >>> out[:, 0, 0]         # slots 4, 5 -> 4.5; slots 4, 5, 0 -> 3; slot 2 -> 2
+    array([4.5, 3. , 2. ])
+    >>> lse[:, 0].round(4)   # log 2, log 3, log 1
+    array([0.6931, 1.0986, 0.    ])
+    >>> paged_prefill_reference(np.ones((3, 1, 2)), k, v, tables, [0, 2, 3], [3, 1],
+    ...                         causal=False)[0][:, 0, 0]      # both queries see all 3 keys
+    array([3., 3., 2.])
     """
     query = np.asarray(query)
     key_cache, value_cache = to_nhd(np.asarray(key_cache), np.asarray(value_cache), layout)

@@ -71,6 +71,15 @@ class Sweep:
     device : bool
         Whether ``measure`` runs kernels (the ``gpu`` column then names the
         device or ``"simulator"``; otherwise it says ``"cpu"``).
+
+    Examples
+    --------
+    >>> s = Sweep("sums", grid={"a": [1, 2], "b": [10, 20]}, quick_grid={"a": [1], "b": [10]},
+    ...           measure=lambda p: {"total": p["a"] + p["b"]}, device=False)
+    >>> s.points()                        # 2 x 2 points, the last parameter varying fastest
+    [{'a': 1, 'b': 10}, {'a': 1, 'b': 20}, {'a': 2, 'b': 10}, {'a': 2, 'b': 20}]
+    >>> [s.measure(p) for p in s.points(quick=True)]
+    [{'total': 11}]
     """
 
     name: str
@@ -91,7 +100,29 @@ SWEEPS: dict[str, Sweep] = {}
 
 
 def register(sweep):
-    """Add ``sweep`` to :data:`SWEEPS` (replacing one of the same name); return it."""
+    """Add ``sweep`` to :data:`SWEEPS` (replacing one of the same name); return it.
+
+    Parameters
+    ----------
+    sweep : Sweep
+
+    Returns
+    -------
+    Sweep
+        ``sweep`` itself, so that ``s = register(Sweep(...))`` keeps a handle.
+
+    Examples
+    --------
+    >>> import shutil, tempfile
+    >>> s = register(Sweep("cubes", grid={"x": [2, 3]}, quick_grid={"x": [2]},
+    ...                    measure=lambda p: {"y": p["x"] ** 3}, device=False))
+    >>> SWEEPS["cubes"] is s, "merge-rule" in SWEEPS
+    (True, True)
+    >>> out = tempfile.mkdtemp()
+    >>> run_sweep("cubes", quick=True, out_dir=out, progress=False)["y"].tolist()   # by name
+    [8]
+    >>> del SWEEPS["cubes"]; shutil.rmtree(out)      # leave the registry as it was
+    """
     SWEEPS[sweep.name] = sweep
     return sweep
 
@@ -109,7 +140,19 @@ def _git_rev():
 
 
 def device_name():
-    """The CUDA device's name, or ``"simulator"`` under Numba's CUDA simulator."""
+    """The CUDA device's name, or ``"simulator"`` under Numba's CUDA simulator.
+
+    Returns
+    -------
+    str
+        E.g. ``"NVIDIA H200"`` on a GPU.
+
+    Examples
+    --------
+    >>> from paged_numba import simulator_enabled
+    >>> (device_name() == "simulator") == simulator_enabled()   # "simulator" on a CPU-only machine
+    True
+    """
     from . import simulator_enabled
 
     if simulator_enabled():
@@ -128,7 +171,27 @@ def _version(dist):
 
 
 def environment(device=True):
-    """Environment columns (all but ``timestamp``) for a sweep's rows."""
+    """Environment columns (all but ``timestamp``) for a sweep's rows.
+
+    Parameters
+    ----------
+    device : bool
+        Name the device in ``gpu`` (:func:`device_name`); ``False`` gives ``"cpu"``.
+
+    Returns
+    -------
+    dict of str -> str
+        ``gpu``, ``numba``, ``numba_cuda``, ``numpy`` (versions, ``"unknown"``
+        if not installed) and ``git_rev`` (short commit or ``"unknown"``).
+
+    Examples
+    --------
+    >>> env = environment(device=False)
+    >>> sorted(env)
+    ['git_rev', 'gpu', 'numba', 'numba_cuda', 'numpy']
+    >>> env["gpu"], env["numpy"] == np.__version__
+    ('cpu', True)
+    """
     return dict(gpu=device_name() if device else "cpu", numba=_version("numba"),
                 numba_cuda=_version("numba-cuda"), numpy=np.__version__, git_rev=_git_rev())
 
@@ -202,6 +265,27 @@ def run_sweep(sweep, quick=False, out_dir="results", progress=True):
     environment produced it (delete the CSV to measure afresh). The CSV is
     rewritten after every point. If matplotlib imports, ``sweep.figure``
     draws ``<out_dir>/<name>[_quick].png`` from all rows.
+
+    Examples
+    --------
+    >>> import os, shutil, tempfile
+    >>> calls = []
+    >>> def halve(p):
+    ...     calls.append(p["x"])
+    ...     return {"half": p["x"] / 2}
+    >>> s = Sweep("halves", grid={"x": [1, 2, 4]}, quick_grid={"x": [2]}, measure=halve,
+    ...           device=False)
+    >>> out = tempfile.mkdtemp()
+    >>> run_sweep(s, quick=True, out_dir=out, progress=False)["half"].tolist()
+    [1.0]
+    >>> df = run_sweep(s, out_dir=out, progress=False)     # the full grid, a separate CSV
+    >>> df["x"].tolist(), df["half"].tolist(), df["gpu"].tolist()
+    ([1, 2, 4], [0.5, 1.0, 2.0], ['cpu', 'cpu', 'cpu'])
+    >>> len(run_sweep(s, out_dir=out, progress=False)), calls   # resumed: nothing re-measured
+    (3, [2, 1, 2, 4])
+    >>> sorted(os.listdir(out))
+    ['halves.csv', 'halves_quick.csv']
+    >>> shutil.rmtree(out)
     """
     if isinstance(sweep, str):
         sweep = SWEEPS[sweep]
@@ -246,6 +330,41 @@ def line_figure(df, path, x, y, series=(), where=None, agg="median", order=None,
 
     ``where`` (``{column: value}``) keeps matching rows when any match;
     ``order`` lists the x values of a categorical axis in plotting order.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep's rows.
+    path : str
+        The PNG to write (nothing is written if ``y`` has no values).
+    x, y : str
+        Columns of the axes.
+    series : sequence of str
+        Columns whose value combinations get one line each.
+    where : dict, optional
+    agg : str
+        pandas aggregation over rows sharing ``x`` and the series values.
+    order : list, optional
+    logx, logy : bool
+        Log axes (x in base 2).
+    title : str
+
+    Examples
+    --------
+    >>> import os, shutil, tempfile
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"n": [1, 2, 4, 1, 2, 4], "t": [1.0, 2.0, 4.0, 3.0, 2.0, 1.0],
+    ...                    "kind": ["a", "a", "a", "b", "b", "b"]})
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.png")
+    >>> try:
+    ...     import matplotlib
+    ... except ImportError:            # without the "plots" extra there is nothing to draw
+    ...     matplotlib = None
+    >>> if matplotlib is not None:     # two lines, kind=a and kind=b, on a log2 x axis
+    ...     line_figure(df, path, "n", "t", series=["kind"], logx=True, title="t by n")
+    >>> os.path.exists(path) == (matplotlib is not None)
+    True
+    >>> shutil.rmtree(os.path.dirname(path))
     """
     from matplotlib.figure import Figure
 
@@ -304,7 +423,28 @@ def _max_running(num_requests, seed, max_len, budget_tokens):
 def measure_memory_waste(p):
     """:func:`serving_sim.simulate` one allocator (``"contiguous-max"``,
     ``"contiguous-oracle"`` or ``"paged-<block_size>"``) on the default
-    request distribution; adds ``batch_ratio`` against ``"contiguous-max"``."""
+    request distribution; adds ``batch_ratio`` against ``"contiguous-max"``.
+
+    Parameters
+    ----------
+    p : dict
+        ``allocator``, ``num_requests``, ``seed``, ``max_len``, ``budget_tokens``.
+
+    Returns
+    -------
+    dict
+        :func:`serving_sim.simulate`'s metrics and ``batch_ratio``.
+
+    Examples
+    --------
+    >>> point = dict(num_requests=20, seed=0, max_len=2048, budget_tokens=8192)
+    >>> r = measure_memory_waste(dict(point, allocator="contiguous-max"))
+    >>> r["mean_running"], r["mean_reserved_slots"], r["batch_ratio"]  # 8192 // 2048 = 4 at once
+    (4.0, 8192.0, 1.0)
+    >>> r = measure_memory_waste(dict(point, allocator="paged-16"))
+    >>> round(r["batch_ratio"], 2), r["preemptions"]
+    (1.87, 0)
+    """
     alloc, block_size = p["allocator"], None
     if alloc.startswith("paged-"):
         alloc, block_size = "paged", int(alloc.removeprefix("paged-"))
@@ -352,6 +492,15 @@ def softmax_average(x, v, num_parts):
     -------
     ndarray, ``[head_size]``
         ``sum_j softmax(x)_j v[:, j]``, in ``x``'s dtype.
+
+    Examples
+    --------
+    >>> x = np.array([1000.0, 1000.0, 0.0])          # exp(1000) overflows; x - max does not
+    >>> v = np.array([[1.0, 3.0, 100.0]])           # head_size 1
+    >>> softmax_average(x, v, 1)                     # weights 1/2, 1/2, e^-1000 / 2 ~ 0
+    array([2.])
+    >>> softmax_average(x, v, 3)                     # 3 parts of 1 key, merged
+    array([2.])
     """
     m = l = acc = None
     for xs, vs in zip(np.array_split(x, num_parts), np.array_split(v, num_parts, axis=1)):
@@ -373,7 +522,32 @@ def softmax_average(x, v, num_parts):
 def measure_merge_rule(p):
     """Max abs error of the single-pass, merged and naive (no max subtraction)
     softmax averages in ``p["dtype"]`` against a float64 single pass on the
-    same (rounded) inputs."""
+    same (rounded) inputs.
+
+    Parameters
+    ----------
+    p : dict
+        ``dtype``, ``scale`` (logits are ``scale * N(0, 1)``), ``parts``,
+        ``length`` (keys), ``head_size``, ``seed``.
+
+    Returns
+    -------
+    dict
+        ``err_single``, ``err_merged``, ``err_naive`` (NaN when the naive
+        sum overflows), ``naive_overflows`` and ``max_logit``.
+
+    Examples
+    --------
+    >>> p = dict(dtype="float32", scale=1, parts=8, length=256, head_size=16, seed=0)
+    >>> r = measure_merge_rule(p)
+    >>> sorted(r)
+    ['err_merged', 'err_naive', 'err_single', 'max_logit', 'naive_overflows']
+    >>> r["err_merged"] < 1e-6, r["naive_overflows"]
+    (True, False)
+    >>> r = measure_merge_rule(dict(p, dtype="float16", scale=100))   # exp(310) > 65504
+    >>> r["naive_overflows"], math.isnan(r["err_naive"]), r["max_logit"]
+    (True, True, 310.75)
+    """
     dt = np.dtype(p["dtype"])
     rng = np.random.default_rng(p["seed"])
     x = (p["scale"] * rng.standard_normal(p["length"])).astype(dt)
@@ -414,7 +588,32 @@ register(Sweep(
 def measure_exactness(p):
     """Max abs error of :func:`paged_numba.paged_decode` and of a contiguous
     float32 NumPy computation against the float64 reference, and the kernel's
-    error over the bound of :mod:`paged_numba.testing` (<= 1 passes)."""
+    error over the bound of :mod:`paged_numba.testing` (<= 1 passes).
+
+    Parameters
+    ----------
+    p : dict
+        ``num_seqs``, ``context`` (tokens per sequence), ``block_size``,
+        ``table`` (``"random"`` or ``"identity"``), ``num_heads``,
+        ``num_kv_heads``, ``head_size``, ``layout``, ``dtype``,
+        ``num_partitions`` (``"auto"`` or an int) and ``seed``.
+
+    Returns
+    -------
+    dict
+        ``err_kernel``, ``err_numpy_fp32``, ``err_over_bound``, ``max_abs_out``.
+
+    Examples
+    --------
+    >>> p = dict(num_seqs=1, context=6, block_size=4, table="random", num_heads=2,
+    ...          num_kv_heads=1, head_size=8, layout="nhd", dtype="float16",
+    ...          num_partitions="auto", seed=0)          # 2 blocks, one decode launch
+    >>> r = measure_exactness(p)
+    >>> sorted(r)
+    ['err_kernel', 'err_numpy_fp32', 'err_over_bound', 'max_abs_out']
+    >>> r["err_over_bound"] <= 1, r["err_numpy_fp32"] < r["err_kernel"] < 1e-2
+    (True, True)
+    """
     from . import PagedKVCache, paged_decode
     from .reference import paged_decode_reference
     from .testing import DecodeProblem, decode_reference, ulp
@@ -515,6 +714,28 @@ def measure_decode_time(p, sdpa=False):
     Bytes counted in ``gbps``: one read of K and V
     (``2 * batch * context * num_kv_heads * head_size * itemsize``) plus the
     query and the output.
+
+    Parameters
+    ----------
+    p : dict
+        ``batch``, ``context``, ``num_heads``, ``group`` (query heads per KV
+        head), ``head_size``, ``block_size``, ``dtype``, ``table``
+        (``"random"`` or ``"identity"``), optional ``num_partitions``.
+    sdpa : bool
+
+    Returns
+    -------
+    dict
+        ``us``, ``timer``, ``num_partitions_used``, ``gbps`` (plus ``sdpa_us``
+        and ``ratio_to_sdpa``, or only ``note`` for a skipped point).
+
+    Examples
+    --------
+    >>> p = dict(batch=1, context=6, num_heads=2, group=2, head_size=8, block_size=4,
+    ...          dtype="float16", table="random")      # kv_bytes = 2 * 1 * 6 * 1 * 8 * 2 = 192
+    >>> r = measure_decode_time(p)
+    >>> sorted(r), r["us"] > 0
+    (['gbps', 'num_partitions_used', 'timer', 'us'], True)
     """
     from numba import cuda
 

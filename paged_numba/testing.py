@@ -37,7 +37,33 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 def lengths(block_size, max_len):
     """Sequence lengths that stress block boundaries: 1, exact multiples of
-    ``block_size``, multiples +-1, and anything up to ``max_len``."""
+    ``block_size``, multiples +-1, and anything up to ``max_len``.
+
+    Parameters
+    ----------
+    block_size : int
+    max_len : int
+        The largest length drawn (>= 1).
+
+    Returns
+    -------
+    hypothesis strategy of int
+        Half of the draws come from the boundary values, half from
+        ``integers(1, max_len)``.
+
+    Examples
+    --------
+    >>> from hypothesis import given, settings
+    >>> seen = set()
+    >>> @given(lengths(block_size=16, max_len=40))    # boundaries: 1, 15, 16, 17, 31, 32, 33, 40
+    ... @settings(max_examples=20, database=None)
+    ... def check(n):
+    ...     assert 1 <= n <= 40
+    ...     seen.add(n)
+    >>> check()
+    >>> seen <= set(range(1, 41))
+    True
+    """
     specials = sorted({n for k in range(1, max_len // block_size + 2)
                        for n in (k * block_size - 1, k * block_size, k * block_size + 1)
                        if 1 <= n <= max_len} | {1, max_len})
@@ -53,6 +79,35 @@ def block_tables(draw, seq_lens, block_size, num_blocks=None, extra_columns=2, s
     reuse another sequence's blocks (prefix sharing); ``-1`` pads each row and
     ``extra_columns`` unused columns follow the longest row. Returns
     ``(table, num_blocks)``.
+
+    Parameters
+    ----------
+    seq_lens : sequence of int, ``[num_seqs]``
+    block_size : int
+    num_blocks : int, optional
+        Blocks in the pool; by default the blocks used plus 0 to 3 spare ones.
+    extra_columns : int
+        At most this many all-``-1`` columns after the longest row.
+    share : bool
+        Let a sequence reuse a prefix of the previous sequence's blocks.
+
+    Returns
+    -------
+    hypothesis strategy of ``(numpy.ndarray of int32 [num_seqs, max_blocks], int)``
+
+    Examples
+    --------
+    >>> from hypothesis import given, settings
+    >>> @given(block_tables([5, 9], block_size=4, share=False))
+    ... @settings(max_examples=10, database=None)
+    ... def check(drawn):
+    ...     table, num_blocks = drawn
+    ...     used = (table >= 0).sum(axis=1)
+    ...     assert used.tolist() == [2, 3]               # ceil(5 / 4) = 2, ceil(9 / 4) = 3
+    ...     assert 3 <= table.shape[1] <= 3 + 2          # longest row + 0..2 extra columns
+    ...     assert 5 <= num_blocks <= 5 + 3              # 2 + 3 used + 0..3 spare
+    ...     assert len(set(table[table >= 0].tolist())) == 5    # no block used twice
+    >>> check()
     """
     used = [-(-int(n) // block_size) for n in seq_lens]
     total = sum(used)
@@ -77,7 +132,28 @@ def block_tables(draw, seq_lens, block_size, num_blocks=None, extra_columns=2, s
 
 @dataclasses.dataclass
 class DecodeProblem:
-    """One paged-decode case: shapes, tables and a seed for the data."""
+    """One paged-decode case: shapes, tables and a seed for the data.
+
+    ``seq_lens`` is int32 ``[num_seqs]``, ``block_tables`` int32 ``[num_seqs,
+    max_blocks]`` (``-1``-padded); :meth:`arrays` draws the query and
+    ``"nhd"`` pools from ``seed``, :meth:`layout_pools` converts the pools
+    to ``layout``. Usually drawn by :func:`decode_problems`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = DecodeProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                   num_blocks=3, layout="vllm", dtype="float16",
+    ...                   seq_lens=np.array([5, 2], np.int32),
+    ...                   block_tables=np.array([[2, 0], [1, -1]], np.int32), seed=0)
+    >>> p.max_blocks
+    2
+    >>> q, k, v = p.arrays()
+    >>> q.shape, k.shape, k.dtype                      # [num_seqs, num_heads, D], [nb, B, H, D]
+    ((2, 2, 8), (3, 4, 1, 8), dtype('float16'))
+    >>> [a.shape for a in p.layout_pools(k, v)]        # "vllm", x = 16 // 2 = 8
+    [(3, 1, 1, 4, 8), (3, 1, 8, 4)]
+    """
 
     num_seqs: int
     num_heads: int
@@ -119,6 +195,31 @@ def decode_problems(draw, head_sizes=(64, 80, 96, 112, 128, 256), block_sizes=(8
 
     GQA group sizes come from ``groups`` and MQA (one KV head) is drawn
     as often as the other head counts.
+
+    Parameters
+    ----------
+    head_sizes, block_sizes, layouts, dtypes, groups : sequence
+        Values to sample from (``num_heads = num_kv_heads * group``).
+    max_kv_heads, max_seqs, max_seq_len : int
+        Upper bounds of ``num_kv_heads``, ``num_seqs`` and each sequence length
+        (drawn by :func:`lengths`).
+
+    Returns
+    -------
+    hypothesis strategy of :class:`DecodeProblem`
+
+    Examples
+    --------
+    >>> from hypothesis import given, settings
+    >>> @given(decode_problems(head_sizes=(8,), block_sizes=(4,), layouts=("hnd",),
+    ...                        dtypes=("float32",), max_seqs=2, max_seq_len=10))
+    ... @settings(max_examples=10, database=None)
+    ... def check(p):
+    ...     assert p.head_size == 8 and p.block_size == 4 and p.layout == "hnd"
+    ...     assert p.num_heads % p.num_kv_heads == 0 and 1 <= p.num_seqs <= 2
+    ...     assert p.block_tables.shape[0] == p.seq_lens.size == p.num_seqs
+    ...     assert ((p.block_tables >= 0).sum(axis=1) >= -(-p.seq_lens // 4)).all()
+    >>> check()
     """
     block_size = draw(st.sampled_from(block_sizes))
     num_kv_heads = draw(st.integers(1, max_kv_heads))
@@ -140,7 +241,26 @@ U32 = 2.0 ** -24   # unit roundoff of float32, the precision every kernel comput
 
 def gamma(n):
     """Higham's gamma_n = n u / (1 - n u): the relative error bound of a
-    float32 sum or product chain of ``n`` terms."""
+    float32 sum or product chain of ``n`` terms.
+
+    Parameters
+    ----------
+    n : int or numpy.ndarray of int (any shape)
+
+    Returns
+    -------
+    float or numpy.ndarray (``n``'s shape)
+        With ``u = 2 ** -24`` (:data:`U32`).
+
+    Examples
+    --------
+    >>> gamma(1) / U32                 # 1 / (1 - 2**-24): just over 1
+    1.0000000596046483
+    >>> round(gamma(64) / U32, 5)      # 64 / (1 - 64 * 2**-24)
+    64.00024
+    >>> gamma(np.array([1, 2])).shape
+    (2,)
+    """
     return n * U32 / (1.0 - n * U32)
 
 
@@ -165,6 +285,35 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, *
 
     Returns ``(bound_out [num_heads, head_size], bound_lse [num_heads])``; the
     final rounding to the output dtype is added by :func:`check_close`.
+
+    Parameters
+    ----------
+    q : array, ``[num_heads, head_size]``
+        One query token.
+    k, v : array, ``[L, num_kv_heads, head_size]`` each
+        Its keys and values (``num_heads`` a multiple of ``num_kv_heads``).
+    scale : float
+    num_merges : int
+        Merges of partial softmax states (online-softmax chunks, split-K parts).
+    transcendental_ulps : int
+        Ulps of error allowed for each exp, log or tanh.
+    **variants
+        ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
+
+    Examples
+    --------
+    >>> from paged_numba.reference import attention
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 8))                       # 2 heads share 1 KV head
+    >>> k, v = rng.standard_normal((2, 5, 1, 8))              # L = 5 keys
+    >>> bound, bound_lse = attention_error_bound(q, k, v, scale=8 ** -0.5)
+    >>> bound.shape, bound_lse.shape
+    ((2, 8), (2,))
+    >>> out64 = attention(q[None], k, v, 8 ** -0.5)[0][0]     # float64 reference
+    >>> out32 = attention(q[None].astype(np.float32), k.astype(np.float32),
+    ...                   v.astype(np.float32), 8 ** -0.5, np.float32)[0][0]
+    >>> bool((np.abs(out32 - out64) <= bound).all())         # float32 NumPy stays inside
+    True
     """
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     num_heads, head_size = q.shape
@@ -195,7 +344,37 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
 
     Merges counted: one per chunk of the online softmax (at most one per
     token) and one per split-K partition (at most the table's capacity in
-    tokens when ``num_partitions`` is None)."""
+    tokens when ``num_partitions`` is None).
+
+    Parameters
+    ----------
+    problem : DecodeProblem
+    q : array, ``[num_seqs, num_heads, head_size]``
+    k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each (``"nhd"`` pools)
+    scale : float, optional
+        Default ``1 / sqrt(head_size)``.
+    num_partitions : int, optional
+    **variants
+        As in :func:`attention_error_bound`.
+
+    Returns
+    -------
+    bound : numpy.ndarray, ``[num_seqs, num_heads, head_size]``
+    bound_lse : numpy.ndarray, ``[num_seqs, num_heads]``
+
+    Examples
+    --------
+    >>> p = DecodeProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                   num_blocks=3, layout="nhd", dtype="float16",
+    ...                   seq_lens=np.array([5, 2], np.int32),
+    ...                   block_tables=np.array([[2, 0], [1, -1]], np.int32), seed=0)
+    >>> q, k, v = p.arrays()
+    >>> bound, bound_lse = decode_bounds(p, q, k, v)   # merges: 5 + 2 * 4 (seq 0), 2 + 8 (seq 1)
+    >>> bound.shape, bound_lse.shape
+    ((2, 2, 8), (2, 2))
+    >>> bool((decode_bounds(p, q, k, v, num_partitions=1)[0] < bound).all())   # fewer merges
+    True
+    """
     if num_partitions is None:
         num_partitions = problem.max_blocks * problem.block_size
     if scale is None:
@@ -235,7 +414,34 @@ def check_close(out, ref64, bound, what="output"):
     """Assert ``|out - ref64| <= bound + ulp(ref64)`` everywhere, where the
     ulp (one unit in the last place of ``out``'s dtype at the reference value,
     :func:`ulp`) covers the final rounding to that dtype. Returns the largest
-    error over its bound."""
+    error over its bound.
+
+    Parameters
+    ----------
+    out : array, any shape
+        The result under test, in its own dtype (NaN fails at once).
+    ref64 : numpy.ndarray of float64, ``out``'s shape
+    bound : numpy.ndarray, ``out``'s shape (or broadcastable to it)
+        Allowed error before the final rounding.
+    what : str
+        Name of ``out`` in the error message.
+
+    Returns
+    -------
+    float
+        ``max |out - ref64| / (bound + ulp(ref64))``, at most 1.
+
+    Examples
+    --------
+    >>> ref = np.array([1.0, 2.01])
+    >>> out = ref.astype(np.float16)              # rounding to float16 is always allowed
+    >>> check_close(out, ref, bound=np.zeros(2)) <= 1
+    True
+    >>> check_close(np.array([1.0, 2.0], np.float16), ref, np.zeros(2))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    AssertionError: output differs from the float64 reference at (1,): ...
+    """
     out = np.asarray(out)
     assert not np.isnan(out).any(), f"{what} has NaN"
     err = np.abs(out.astype(np.float64) - ref64)
@@ -253,7 +459,35 @@ def check_close(out, ref64, bound, what="output"):
 def decode_reference(problem, q, k, v, scale=None, num_partitions=None, **variants):
     """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
     :class:`DecodeProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as in
-    :func:`paged_numba.reference.logits`."""
+    :func:`paged_numba.reference.logits`.
+
+    Parameters
+    ----------
+    problem : DecodeProblem
+    q : array, ``[num_seqs, num_heads, head_size]``
+    k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each
+    scale : float, optional
+    num_partitions : int, optional
+        As in :func:`decode_bounds`.
+
+    Returns
+    -------
+    out, bound : numpy.ndarray, ``[num_seqs, num_heads, head_size]`` each
+    lse, bound_lse : numpy.ndarray, ``[num_seqs, num_heads]`` each
+
+    Examples
+    --------
+    >>> p = DecodeProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                   num_blocks=3, layout="nhd", dtype="float16",
+    ...                   seq_lens=np.array([5, 2], np.int32),
+    ...                   block_tables=np.array([[2, 0], [1, -1]], np.int32), seed=0)
+    >>> q, k, v = p.arrays()
+    >>> out, lse, bound, bound_lse = decode_reference(p, q, k, v, sliding_window=3)
+    >>> out.dtype, out.shape, lse.shape
+    (dtype('float64'), (2, 2, 8), (2, 2))
+    >>> check_close(out.astype(np.float16), out, bound) <= 1     # what a kernel is held to
+    True
+    """
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
     out, lse = paged_decode_reference(q, k, v, problem.block_tables, problem.seq_lens, scale,
@@ -265,7 +499,35 @@ def decode_reference(problem, q, k, v, scale=None, num_partitions=None, **varian
 def variants(draw, num_heads, max_window=64):
     """Keyword arguments for the attention variants: each of ``sliding_window``,
     ``alibi_slopes`` (ALiBi's geometric slopes or random ones) and
-    ``logits_soft_cap`` is present or absent."""
+    ``logits_soft_cap`` is present or absent.
+
+    Parameters
+    ----------
+    num_heads : int
+        Length of ``alibi_slopes``.
+    max_window : int
+        Largest ``sliding_window``.
+
+    Returns
+    -------
+    hypothesis strategy of dict
+        Keyword arguments for :func:`paged_numba.reference.attention` and the kernels.
+
+    Examples
+    --------
+    >>> from hypothesis import given, settings
+    >>> from paged_numba.reference import attention
+    >>> @given(variants(num_heads=2, max_window=4))
+    ... @settings(max_examples=10, database=None)
+    ... def check(kw):
+    ...     assert set(kw) <= {"sliding_window", "alibi_slopes", "logits_soft_cap"}
+    ...     assert 1 <= kw.get("sliding_window", 1) <= 4
+    ...     assert len(kw.get("alibi_slopes", [0, 0])) == 2
+    ...     out, lse = attention(np.ones((1, 2, 8)), np.ones((6, 1, 8)), np.ones((6, 1, 8)),
+    ...                          1.0, **kw)
+    ...     assert out.shape == (1, 2, 8) and np.isfinite(lse).all()
+    >>> check()
+    """
     out = {}
     if draw(st.booleans()):
         out["sliding_window"] = draw(st.integers(1, max_window))
@@ -288,7 +550,24 @@ class PrefillProblem:
 
     Sequence ``i`` has ``q_lens[i] >= 1`` query tokens, the newest of its
     ``seq_lens[i] >= q_lens[i]`` tokens in the cache (so ``seq_lens[i] -
-    q_lens[i]`` were cached before this step)."""
+    q_lens[i]`` were cached before this step).
+
+    ``q_lens`` and ``seq_lens`` are int32 ``[num_seqs]``, ``block_tables``
+    int32 ``[num_seqs, max_blocks]``; :meth:`arrays` draws the query
+    ``[total_q, num_heads, head_size]`` and ``"nhd"`` pools from ``seed``.
+    Usually drawn by :func:`prefill_problems`.
+
+    Examples
+    --------
+    >>> p = PrefillProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                    num_blocks=3, layout="hnd", dtype="float32",
+    ...                    q_lens=np.array([2, 1], np.int32), seq_lens=np.array([5, 1], np.int32),
+    ...                    block_tables=np.array([[2, 0], [1, -1]], np.int32), seed=0)
+    >>> p.cu_seqlens_q, p.total_q, p.max_blocks   # seq 0: rows 0..1 (positions 3, 4); seq 1: row 2
+    (array([0, 2, 3], dtype=int32), 3, 2)
+    >>> [a.shape for a in p.arrays()]
+    [(3, 2, 8), (3, 4, 1, 8), (3, 4, 1, 8)]
+    """
 
     num_seqs: int
     num_heads: int
@@ -342,6 +621,29 @@ def prefill_problems(draw, head_sizes=(16, 32, 64, 128), block_sizes=(1, 4, 8, 1
     lengths are 0 (a whole prompt), lengths next to block boundaries, or
     anything up to ``max_cached``, so chunks often start inside a block and
     straddle block boundaries.
+
+    Parameters
+    ----------
+    head_sizes, block_sizes, layouts, dtypes, groups : sequence
+        Values to sample from.
+    max_kv_heads, max_seqs : int
+    max_q_len, max_cached : int
+        Upper bounds of each query length and each cached length.
+
+    Returns
+    -------
+    hypothesis strategy of :class:`PrefillProblem`
+
+    Examples
+    --------
+    >>> from hypothesis import given, settings
+    >>> @given(prefill_problems(head_sizes=(16,), block_sizes=(4,), max_q_len=6, max_cached=9))
+    ... @settings(max_examples=10, database=None)
+    ... def check(p):
+    ...     assert (p.q_lens >= 1).all() and (p.q_lens <= 6).all()
+    ...     assert (p.q_lens <= p.seq_lens).all() and (p.seq_lens <= 6 + 9).all()
+    ...     assert p.cu_seqlens_q[-1] == p.total_q
+    >>> check()
     """
     block_size = draw(st.sampled_from(block_sizes))
     num_kv_heads = draw(st.integers(1, max_kv_heads))
@@ -379,6 +681,31 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
 
     Returns ``(bound [num_q, num_heads, head_size], bound_lse [num_q, num_heads])``;
     rows that admit no key get 0 (the kernel must return exact zeros there).
+
+    Parameters
+    ----------
+    q : array, ``[num_q, num_heads, head_size]``
+    k, v : array, ``[L, num_kv_heads, head_size]`` each
+    scale : float
+    q_positions : array of int, ``[num_q]``
+    causal : bool
+    num_merges : int or array of int ``[num_q]``, optional
+    transcendental_ulps : int
+    **variants
+        ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((3, 2, 8))                    # 3 queries, 2 heads
+    >>> k, v = rng.standard_normal((2, 5, 1, 8))              # L = 5 keys, 1 KV head
+    >>> bound, bound_lse = prefill_error_bound(q, k, v, 8 ** -0.5, q_positions=[2, 3, 4])
+    >>> bound.shape, bound_lse.shape
+    ((3, 2, 8), (3, 2))
+    >>> # the row at L - 1 = 4 sees every key: the decode bound with the same merges
+    >>> one = prefill_error_bound(q[2:], k, v, 8 ** -0.5, [4], num_merges=1)[0][0]
+    >>> bool(np.allclose(one, attention_error_bound(q[2], k, v, 8 ** -0.5)[0]))
+    True
     """
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     num_q, num_heads, head_size = q.shape
@@ -419,7 +746,37 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
 
 def prefill_bounds(problem, q, k, v, scale=None, causal=True, **variants):
     """:func:`prefill_error_bound` for every query row of a :class:`PrefillProblem`
-    (``k``, ``v`` are ``"nhd"`` pools)."""
+    (``k``, ``v`` are ``"nhd"`` pools).
+
+    Parameters
+    ----------
+    problem : PrefillProblem
+    q : array, ``[total_q, num_heads, head_size]``
+    k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each
+    scale : float, optional
+        Default ``1 / sqrt(head_size)``.
+    causal : bool
+    **variants
+        As in :func:`prefill_error_bound`.
+
+    Returns
+    -------
+    bound : numpy.ndarray, ``[total_q, num_heads, head_size]``
+    bound_lse : numpy.ndarray, ``[total_q, num_heads]``
+
+    Examples
+    --------
+    >>> p = PrefillProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                    num_blocks=3, layout="nhd", dtype="float32",
+    ...                    q_lens=np.array([2, 1], np.int32), seq_lens=np.array([5, 1], np.int32),
+    ...                    block_tables=np.array([[2, 0], [1, -1]], np.int32), seed=0)
+    >>> q, k, v = p.arrays()
+    >>> bound, bound_lse = prefill_bounds(p, q, k, v)
+    >>> bound.shape, bound_lse.shape
+    ((3, 2, 8), (3, 2))
+    >>> bool((bound > 0).all() and (bound < 1e-5).all())     # a few float32 ulps
+    True
+    """
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
     bound = np.zeros(q.shape)
@@ -437,7 +794,37 @@ def prefill_bounds(problem, q, k, v, scale=None, causal=True, **variants):
 def prefill_reference(problem, q, k, v, scale=None, causal=True, **variants):
     """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
     :class:`PrefillProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as
-    in :func:`paged_numba.reference.logits`."""
+    in :func:`paged_numba.reference.logits`.
+
+    Parameters
+    ----------
+    problem : PrefillProblem
+    q : array, ``[total_q, num_heads, head_size]``
+    k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each
+    scale : float, optional
+    causal : bool
+
+    Returns
+    -------
+    out, bound : numpy.ndarray, ``[total_q, num_heads, head_size]`` each
+    lse, bound_lse : numpy.ndarray, ``[total_q, num_heads]`` each
+
+    Examples
+    --------
+    >>> p = PrefillProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                    num_blocks=3, layout="nhd", dtype="float16",
+    ...                    q_lens=np.array([2, 1], np.int32), seq_lens=np.array([5, 1], np.int32),
+    ...                    block_tables=np.array([[2, 0], [1, -1]], np.int32), seed=0)
+    >>> q, k, v = p.arrays()
+    >>> out, lse, bound, bound_lse = prefill_reference(p, q, k, v)
+    >>> out.shape, lse.shape
+    ((3, 2, 8), (3, 2))
+    >>> # seq 1 holds one token (slot 1 * 4 + 0): its weight is 1, so its row is that value row
+    >>> bool((out[2] == v[1, 0].astype(np.float64)).all())
+    True
+    >>> check_close(out.astype(np.float16), out, bound) <= 1
+    True
+    """
     from .reference import paged_prefill_reference
 
     if scale is None:
