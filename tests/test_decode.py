@@ -295,11 +295,13 @@ def test_running_max_grows_every_step():
     n, bs, hs = 200, 16, 64
     rng = np.random.default_rng(7)
     q = rng.standard_normal((1, 2, hs))
-    k = np.linspace(0.0, 3.0, n)[:, None, None] * q[0, :1][None] + 0.1 * rng.standard_normal((n, 1, hs))
+    ramp = np.linspace(0.0, 3.0, n)[:, None, None]
+    k = ramp * q[0, :1][None] + 0.1 * rng.standard_normal((n, 1, hs))    # [n, 1, hs]
     v = rng.standard_normal((n, 1, hs))
     blocks = -(-n // bs)
     perm = rng.permutation(blocks)
-    kp = np.zeros((blocks, bs, 1, hs)); vp = np.zeros_like(kp)
+    kp = np.zeros((blocks, bs, 1, hs))                 # logical block j -> physical perm[j]
+    vp = np.zeros_like(kp)
     for j in range(blocks):
         kp[perm[j], :min(bs, n - j * bs)] = k[j * bs:(j + 1) * bs]
         vp[perm[j], :min(bs, n - j * bs)] = v[j * bs:(j + 1) * bs]
