@@ -342,9 +342,11 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, *
 def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants):
     """:func:`attention_error_bound` for every sequence of a :class:`DecodeProblem`.
 
-    Merges counted: one per chunk of the online softmax (at most one per
-    token) and one per split-K partition (at most the table's capacity in
-    tokens when ``num_partitions`` is None).
+    Merges counted: one per token (the decode kernel rescales its running
+    output at most once per warp step of several tokens, and merges at most
+    one non-empty state per warp that saw tokens) plus one per split-K
+    partition (at most the table's capacity in tokens when
+    ``num_partitions`` is None).
 
     Parameters
     ----------

@@ -2,9 +2,10 @@
 paged_numba does that), and hypothesis gets two profiles:
 
 * ``ci``: few, small examples, for Numba's CUDA simulator (the default there);
-* ``gpu``: big shapes, 25 examples for each of the 288 combinations of
-  compile-time parameters per property, i.e. thousands per property (the
-  default on a GPU; run with ``-n 16`` from pytest-xdist).
+* ``gpu``: big shapes, 25 examples for each combination of compile-time
+  parameters per property (280 for decode, 72 for prefill: see the test
+  modules), i.e. thousands per property (the default on a GPU; run with
+  ``-n 16`` from pytest-xdist).
 
 Choose one with ``HYPOTHESIS_PROFILE=ci|gpu``; ``GPU_EXAMPLES=N`` changes the
 ``gpu`` profile's example count.
