@@ -41,14 +41,14 @@ SHARED_PER_SM = 228 * 1024
 SIMULATED_RESIDENT_BLOCKS = 3    # what resident_blocks says under the simulator
 
 
-def resident_blocks(dispatcher, types, args, threads):
-    """Thread blocks of ``dispatcher``, compiled for arguments of numba
-    ``types`` followed by ``args``, that fit on one multiprocessor at once,
-    from its registers and static shared memory (sm_80/90 limits: 64 K
-    registers, 228 KB shared memory, 64 warps, 32 blocks)."""
+def resident_blocks(dispatcher, argtypes, threads):
+    """Thread blocks of ``dispatcher``, compiled for the numba types
+    ``argtypes``, that fit on one multiprocessor at once, from its registers
+    and static shared memory (sm_80/90 limits: 64 K registers, 228 KB shared
+    memory, 64 warps, 32 blocks)."""
     if config.ENABLE_CUDASIM:
         return SIMULATED_RESIDENT_BLOCKS
-    kernel = dispatcher.compile((*types, *(dispatcher.typeof_pyval(a) for a in args)))
+    kernel = dispatcher.compile(tuple(argtypes))
     regs = -(-kernel.regs_per_thread * 32 // 256) * 256 * (threads // 32)   # per-warp granule
     by_regs = REGS_PER_SM // max(regs, 1)
     by_shared = SHARED_PER_SM // max(kernel.shared_mem_per_block + 1024, 1)   # + driver reserve

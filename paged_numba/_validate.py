@@ -43,6 +43,27 @@ def check_head_size(head_size):
             f"head_size must be a multiple of 8 in [8, {MAX_HEAD_SIZE}], but got {head_size}.")
 
 
+def check_heads(num_heads, cache):
+    """``num_heads`` query heads can share the cache's KV heads (GQA/MQA)."""
+    if num_heads % cache.num_kv_heads:
+        raise ValueError(f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
+                         f"{cache.num_kv_heads}.")
+
+
+def check_query(query, q, cache, meaning):
+    """The caller's ``query`` (``q``: its device array) is ``[rows, num_heads,
+    head_size]`` (``meaning`` names the rows) and fits ``cache``; returns its shape."""
+    check_ndim("query", q, 3, meaning)
+    rows, num_heads, head_size = shape_of(q)
+    check_dtype("query", query, cache.dtype)
+    if head_size != cache.head_size:
+        raise ValueError(
+            f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")
+    check_head_size(head_size)
+    check_heads(num_heads, cache)
+    return rows, num_heads, head_size
+
+
 def check_cache(cache):
     for attr in ("key_cache", "value_cache", "block_size", "num_blocks", "num_kv_heads",
                  "head_size", "dtype", "layout"):

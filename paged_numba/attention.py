@@ -2,12 +2,12 @@
 import math
 
 import numpy as np
-from numba.core import types
 
 from . import _arrays, _launch
 from . import _validate as V
 from .kernels.decode import decode_kernel, heads_per_block
 from .kernels.merge import merge_kernel
+from .kernels.specializations import decode_signatures
 
 NUM_WARPS = 4
 UNROLL = 4            # tokens per lane and warp step
@@ -106,17 +106,16 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
     return min(p for p in options if cost[p] <= best * (1 + SPLIT_MARGIN))
 
 
-def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning, args):
+def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
-    from :func:`num_partitions_for` with the split kernel's occupancy (``args``:
-    the kernel arguments after ``out`` and ``lse``)."""
+    from :func:`num_partitions_for` with the split kernel's occupancy."""
     if num_partitions is None:
         kernel = decode_kernel(cache.head_size, cache.block_size, hpb, cache.dtype.name,
                                cache.layout, *tuning, True)
-        partials = (types.Array(types.float32, 4, "C"), types.Array(types.float32, 3, "C"))
+        split = decode_signatures(cache.dtype.name, cache.layout)[1]
         num_partitions = num_partitions_for(
             num_seqs, num_heads // hpb, max_context, _arrays.sm_count(),
-            _launch.resident_blocks(kernel, partials, args, 32 * tuning[0]))
+            _launch.resident_blocks(kernel, split, 32 * tuning[0]))
     if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
             or num_partitions < 1:
         raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
@@ -184,17 +183,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     """
     V.check_cache(cache)
     q, from_host = _arrays.as_device(query, "query")
-    V.check_ndim("query", q, 3, "[num_seqs, num_heads, head_size]")
-    num_seqs, num_heads, head_size = V.shape_of(q)
-    V.check_dtype("query", query, cache.dtype)
-    if head_size != cache.head_size:
-        raise ValueError(
-            f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")
-    V.check_head_size(head_size)
-    if num_heads % cache.num_kv_heads:
-        raise ValueError(
-            f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
-            f"{cache.num_kv_heads}.")
+    num_seqs, num_heads, head_size = V.check_query(query, q, cache,
+                                                   "[num_seqs, num_heads, head_size]")
     block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
     tables, tables_host = _int32_device("block_tables", block_tables, validate)
     lens, lens_host = _int32_device("seq_lens", seq_lens, validate)
@@ -211,10 +201,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
-    args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
-            np.int32(0), *variants)
     num_partitions, partition_size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads,
-                                                 max_context, (NUM_WARPS, UNROLL, STAGES), args)
+                                                 max_context, (NUM_WARPS, UNROLL, STAGES))
 
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
@@ -222,7 +210,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
                                cache.layout, NUM_WARPS, UNROLL, STAGES, num_partitions > 1)
         grid = (num_heads // hpb, num_seqs, num_partitions)
-        args = (*args[:6], np.int32(partition_size), *args[7:])
+        args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
+                np.int32(partition_size), *variants)
         if num_partitions == 1:
             kernel[grid, 32 * NUM_WARPS](out.reshape(num_seqs, 1, num_heads, head_size),
                                          lse.reshape(num_seqs, 1, num_heads), *args)
@@ -340,10 +329,7 @@ class DecodePlan:
                  num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=STAGES):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
-        if num_heads % cache.num_kv_heads:
-            raise ValueError(
-                f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
-                f"{cache.num_kv_heads}.")
+        V.check_heads(num_heads, cache)
         self.cache, self.num_seqs, self.num_heads = cache, int(num_seqs), int(num_heads)
         self.max_blocks = int(max_blocks)
         head_size = cache.head_size
@@ -355,11 +341,8 @@ class DecodePlan:
         max_context = max(self.max_blocks * cache.block_size, 1)
         self.num_warps = int(num_warps)
         tuning = (self.num_warps, int(unroll), int(stages))
-        probe = (_arrays.zeros((1, 1, head_size), cache.dtype), cache.key_cache,
-                 cache.value_cache, _arrays.zeros((1, 1), np.int32), _arrays.zeros(1, np.int32),
-                 np.float32(self.scale), np.int32(0), *self._variants)     # kernel argument types
         self.num_partitions, self.partition_size = _partitions(
-            num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning, probe)
+            num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)

@@ -161,9 +161,9 @@ class PrefillPlan:
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         num_heads = int(num_heads)
-        if num_heads < 1 or num_heads % cache.num_kv_heads:
-            raise ValueError(f"num_heads must be a positive multiple of num_kv_heads, but got "
-                             f"{num_heads} and {cache.num_kv_heads}.")
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be positive, but got {num_heads}.")
+        V.check_heads(num_heads, cache)
         self.cache, self.num_heads = cache, num_heads
         lens = _host_int("seq_lens", seq_lens)
         if lens.ndim != 1:
@@ -354,16 +354,8 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     """
     V.check_cache(cache)
     q, from_host = _arrays.as_device(query, "query")
-    V.check_ndim("query", q, 3, "[total_q, num_heads, head_size]")
-    total_q, num_heads, head_size = V.shape_of(q)
-    V.check_dtype("query", q, cache.dtype)
-    if head_size != cache.head_size:
-        raise ValueError(
-            f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")
-    V.check_head_size(head_size)
-    if num_heads % cache.num_kv_heads:
-        raise ValueError(f"num_heads must be a multiple of num_kv_heads, but got {num_heads} and "
-                         f"{cache.num_kv_heads}.")
+    total_q, num_heads, head_size = V.check_query(query, q, cache,
+                                                  "[total_q, num_heads, head_size]")
     block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
     cu = _host_int("cu_seqlens_q", cu_seqlens_q)
     if cu.ndim != 1 or cu.size == 0:

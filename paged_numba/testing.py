@@ -130,8 +130,31 @@ def block_tables(draw, seq_lens, block_size, num_blocks=None, extra_columns=2, s
     return table, num_blocks
 
 
+class _PagedProblem:
+    """What decode and prefill problems share: their data and table helpers."""
+
+    @property
+    def max_blocks(self):
+        return self.block_tables.shape[1]
+
+    def arrays(self):
+        """Random ``query [query_rows, num_heads, head_size]`` and ``"nhd"`` pools
+        ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``
+        (``ml_dtypes.bfloat16`` arrays for ``"bfloat16"``)."""
+        rng = np.random.default_rng(self.seed)
+        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        q = rng.standard_normal((self.query_rows, self.num_heads, self.head_size))
+        k = rng.standard_normal(shape)
+        v = rng.standard_normal(shape)
+        return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
+
+    def layout_pools(self, k, v):
+        """``(key_cache, value_cache)`` host pools in this problem's layout."""
+        return from_nhd(k, v, self.layout)
+
+
 @dataclasses.dataclass
-class DecodeProblem:
+class DecodeProblem(_PagedProblem):
     """One paged-decode case: shapes, tables and a seed for the data.
 
     ``seq_lens`` is int32 ``[num_seqs]``, ``block_tables`` int32 ``[num_seqs,
@@ -168,23 +191,8 @@ class DecodeProblem:
     seed: int
 
     @property
-    def max_blocks(self):
-        return self.block_tables.shape[1]
-
-    def arrays(self):
-        """Random ``query [num_seqs, num_heads, head_size]`` and ``"nhd"`` pools
-        ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``
-        (``ml_dtypes.bfloat16`` arrays for ``"bfloat16"``)."""
-        rng = np.random.default_rng(self.seed)
-        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
-        q = rng.standard_normal((self.num_seqs, self.num_heads, self.head_size))
-        k = rng.standard_normal(shape)
-        v = rng.standard_normal(shape)
-        return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
-
-    def layout_pools(self, k, v):
-        """``(key_cache, value_cache)`` host pools in this problem's layout."""
-        return from_nhd(k, v, self.layout)
+    def query_rows(self):
+        return self.num_seqs
 
 
 @st.composite
@@ -547,7 +555,7 @@ def variants(draw, num_heads, max_window=64):
 # -- prefill ---------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class PrefillProblem:
+class PrefillProblem(_PagedProblem):
     """One paged-prefill case: query lengths, cache lengths, tables and a seed.
 
     Sequence ``i`` has ``q_lens[i] >= 1`` query tokens, the newest of its
@@ -594,22 +602,8 @@ class PrefillProblem:
         return int(np.sum(self.q_lens))
 
     @property
-    def max_blocks(self):
-        return self.block_tables.shape[1]
-
-    def arrays(self):
-        """Random ``query [total_q, num_heads, head_size]`` and ``"nhd"`` pools
-        ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``."""
-        rng = np.random.default_rng(self.seed)
-        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
-        q = rng.standard_normal((self.total_q, self.num_heads, self.head_size))
-        k = rng.standard_normal(shape)
-        v = rng.standard_normal(shape)
-        return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
-
-    def layout_pools(self, k, v):
-        """``(key_cache, value_cache)`` host pools in this problem's layout."""
-        return from_nhd(k, v, self.layout)
+    def query_rows(self):
+        return self.total_q
 
 
 @st.composite

@@ -48,7 +48,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
-from .access import vector_accessors
+from .access import device_function, vector_accessors
 from .convert import codec
 
 FULL_MASK = 0xFFFFFFFF
@@ -149,6 +149,35 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
     k_vec, v_vec = vector_accessors(layout, dtype)
     to_f32, from_f32 = codec(dtype)
 
+    def tile_stager(vec_fn):
+        """Device function copying keys ``[kt, kt + kn)`` (or values) of a
+        tile into ``kv_s[d, n]``: 16-byte vectors, all loads issued before
+        the stores, zeros past ``kn``."""
+
+        @device_function
+        def stage(pool, block_tables, seq, kvh, kt, kn, tid, kv_r, kv_s):
+            for u in range(LPT):
+                idx = tid + u * NT
+                n = idx % BN
+                if idx < NLOAD and n < kn:
+                    t = kt + n
+                    vec_fn(pool, block_tables[seq, t // BLOCK_SIZE], kvh, t % BLOCK_SIZE,
+                           idx // BN, kv_r, u * VEC)
+                else:
+                    for e in range(VEC):
+                        kv_r[u * VEC + e] = 0.0
+            for u in range(LPT):
+                idx = tid + u * NT
+                if idx < NLOAD:
+                    n = idx % BN
+                    v = idx // BN
+                    for e in range(VEC):
+                        kv_s[v * VEC + e, n] = kv_r[u * VEC + e]
+
+        return stage
+
+    stage_k, stage_v = tile_stager(k_vec), tile_stager(v_vec)
+
     @cuda.jit
     def paged_prefill_kernel(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q,
                              seq_lens, tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap,
@@ -220,23 +249,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         for kt in range(kv_lo, kv_hi, BN):
             kn = min(BN, kv_hi - kt)                 # keys of this tile
             # -- K tile -> kv_s[d, n], 16-byte vectors, all loads issued before the stores
-            for u in range(LPT):
-                idx = tid + u * NT
-                n = idx % BN
-                if idx < NLOAD and n < kn:
-                    t = kt + n
-                    k_vec(key_cache, block_tables[seq, t // BLOCK_SIZE], kvh, t % BLOCK_SIZE,
-                          idx // BN, kv_r, u * VEC)
-                else:
-                    for e in range(VEC):
-                        kv_r[u * VEC + e] = 0.0
-            for u in range(LPT):
-                idx = tid + u * NT
-                if idx < NLOAD:
-                    n = idx % BN
-                    v = idx // BN
-                    for e in range(VEC):
-                        kv_s[v * VEC + e, n] = kv_r[u * VEC + e]
+            stage_k(key_cache, block_tables, seq, kvh, kt, kn, tid, kv_r, kv_s)
             cuda.syncthreads()  # wait for the K tile (and q_s on the first pass)
 
             # -- S = Q K^T, an RM x RN micro-tile per thread
@@ -296,23 +309,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
             cuda.syncthreads()  # wait for p_s, alpha_s; everyone is done with the K tile
 
             # -- V tile -> kv_s[d, n]
-            for u in range(LPT):
-                idx = tid + u * NT
-                n = idx % BN
-                if idx < NLOAD and n < kn:
-                    t = kt + n
-                    v_vec(value_cache, block_tables[seq, t // BLOCK_SIZE], kvh, t % BLOCK_SIZE,
-                          idx // BN, kv_r, u * VEC)
-                else:
-                    for e in range(VEC):
-                        kv_r[u * VEC + e] = 0.0
-            for u in range(LPT):
-                idx = tid + u * NT
-                if idx < NLOAD:
-                    n = idx % BN
-                    v = idx // BN
-                    for e in range(VEC):
-                        kv_s[v * VEC + e, n] = kv_r[u * VEC + e]
+            stage_v(value_cache, block_tables, seq, kvh, kt, kn, tid, kv_r, kv_s)
             cuda.syncthreads()  # wait for the V tile
 
             # -- O = alpha O + P V, an RMO x RD micro-tile per thread
