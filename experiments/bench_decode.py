@@ -11,20 +11,17 @@ Bytes counted: one read of K and V (``2 * seq_len * num_kv_heads *
 head_size * itemsize`` per sequence) plus the query and the output.
 """
 import argparse
-import csv
-import datetime
 import math
-import os
 import statistics
 import sys
 import time
-import uuid
 
 import numpy as np
 import torch
 from numba import cuda
 
 import paged_numba as pn
+from bench_common import new_run_id, write_rows
 
 HEADLINE = [(1, 32768), (16, 4096), (64, 4096), (256, 2048), (128, 8192)]
 L2_BYTES = 60 * 2**20
@@ -189,7 +186,7 @@ def full_grid(args):
     """Issue-3 grid: per configuration, the default (heuristic) partition count,
     the unsplit kernel (P = 1), the best P of a sweep, and SDPA."""
     gpu = torch.cuda.get_device_name()
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    run_id = new_run_id()
     command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])
     bw = copy_gbps()
     print(f"{gpu}: device copy {bw:.0f} GB/s; run {run_id}", flush=True)
@@ -214,14 +211,7 @@ def full_grid(args):
               f"x{heur['us'] / sdpa['us']:.2f} SDPA, {heur['us'] / best['us']:.3f} of best, "
               f"err {heur['max_err']:.1e}", flush=True)
         out += picked
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=GRID_FIELDS)
-        w.writeheader()
-        for r in out:
-            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
-                        if k in GRID_FIELDS})
-    print(f"wrote {len(out)} rows to {args.out}")
+    write_rows(args.out, GRID_FIELDS, out, 4)
 
 
 def main():
@@ -263,7 +253,7 @@ def main():
     if args.grid == "full":
         return full_grid(args)
     gpu = torch.cuda.get_device_name()
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    run_id = new_run_id()
     command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])
     bw = copy_gbps()
     print(f"{gpu}: device copy {bw:.0f} GB/s (read + write); run {run_id}")
@@ -281,14 +271,7 @@ def main():
                   f"err {r.get('max_err', '')}",
                   flush=True)
         rows += got
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                        if k in FIELDS})
-    print(f"wrote {len(rows)} rows to {args.out}")
+    write_rows(args.out, FIELDS, rows, 3)
 
 
 if __name__ == "__main__":

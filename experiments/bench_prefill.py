@@ -27,15 +27,14 @@ admits ``n * (L - n) + n * (n + 1) / 2`` causally (QK^T and PV, 2 FLOPs per
 multiply-add each).
 """
 import argparse
-import csv
-import datetime
 import os
 import statistics
 import sys
 import traceback
-import uuid
 
 import numpy as np
+
+from bench_common import new_run_id, write_rows
 
 FIELDS = ["run_id", "gpu", "impl", "case", "batch", "q_tokens", "kv_tokens", "pairs", "num_heads",
           "num_kv_heads", "head_size", "block_size", "dtype", "us", "tflops", "ratio_to_sdpa",
@@ -328,8 +327,7 @@ def main():
     import torch
 
     gpu = torch.cuda.get_device_name()
-    run_id = (datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-")
-              + uuid.uuid4().hex[:6])
+    run_id = new_run_id()
     command = "python3 experiments/bench_prefill.py " + " ".join(sys.argv[1:])
     print(f"{gpu}: run {run_id}", flush=True)
     if args.tuning:
@@ -359,14 +357,7 @@ def main():
                   f"x{ratio if ratio == '' else round(ratio, 2)} SDPA  {r['tiling']} "
                   f"regs={r['regs']}", flush=True)
         rows += got
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                        if k in FIELDS})
-    print(f"wrote {len(rows)} rows to {args.out}")
+    write_rows(args.out, FIELDS, rows, 3)
 
 
 if __name__ == "__main__":
