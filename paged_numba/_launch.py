@@ -26,16 +26,6 @@ def stream_handle(stream):
     return int(getattr(stream, "handle", None) or 0)
 
 
-def as_stream(stream):
-    """A numba stream for ``stream`` (see :func:`stream_handle`)."""
-    if stream is None or config.ENABLE_CUDASIM:
-        return cuda.default_stream()
-    if isinstance(stream, (int,)) or hasattr(stream, "cuda_stream"):
-        handle = stream_handle(stream)
-        return cuda.external_stream(handle) if handle else cuda.default_stream()
-    return stream
-
-
 REGS_PER_SM = 65536
 SHARED_PER_SM = 228 * 1024
 SIMULATED_RESIDENT_BLOCKS = 3    # what resident_blocks says under the simulator
@@ -86,7 +76,8 @@ class PackedLaunch:
 
     def __call__(self, stream=None):
         if config.ENABLE_CUDASIM:
-            self.dispatcher[self.grid, self.block, as_stream(stream)](*self.args)
+            # the simulator runs kernels synchronously: any stream is the default one
+            self.dispatcher[self.grid, self.block, cuda.default_stream()](*self.args)
             return
         err, = self._launch(self._function, *self._dims, 0, stream_handle(stream),
                             self._address, 0)

@@ -61,6 +61,29 @@ def _int_array(name, x, ndim):
     return x.astype(np.int64)
 
 
+def check_offsets(name, offsets):
+    """``offsets`` (a non-empty 1-D int array, e.g. ``kv_indptr`` or
+    ``cu_seqlens_q``) starts at 0 and never decreases; returns the lengths
+    ``np.diff(offsets)``.
+
+    >>> check_offsets("cu_seqlens_q", np.array([0, 10, 13, 14]))     # query lengths [10, 3, 1]
+    array([10,  3,  1])
+    >>> check_offsets("cu_seqlens_q", np.array([0, 6, 5]))
+    Traceback (most recent call last):
+        ...
+    ValueError: cu_seqlens_q must be non-decreasing, but cu_seqlens_q[2] = 5 < cu_seqlens_q[1] = 6.
+    """
+    if offsets[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, but got {int(offsets[0])}.")
+    lengths = np.diff(offsets)
+    down = np.flatnonzero(lengths < 0)
+    if down.size:
+        i = int(down[0])
+        raise ValueError(f"{name} must be non-decreasing, but {name}[{i + 1}] = "
+                         f"{int(offsets[i + 1])} < {name}[{i}] = {int(offsets[i])}.")
+    return lengths
+
+
 def _check_pages(kv_indptr, kv_last_page_len, block_size):
     """Check ``kv_indptr`` and ``kv_last_page_len``; return them as int64 with
     the pages per sequence, ``[num_seqs]``."""
@@ -68,14 +91,7 @@ def _check_pages(kv_indptr, kv_last_page_len, block_size):
     last = _int_array("kv_last_page_len", kv_last_page_len, 1)
     if indptr.size == 0:
         raise ValueError("kv_indptr must be [num_seqs + 1], so it has at least one entry, but got shape (0,).")
-    if indptr[0] != 0:
-        raise ValueError(f"kv_indptr[0] must be 0, but got {int(indptr[0])}.")
-    pages = np.diff(indptr)
-    down = np.flatnonzero(pages < 0)
-    if down.size:
-        i = int(down[0])
-        raise ValueError(f"kv_indptr must be non-decreasing, but kv_indptr[{i + 1}] = {int(indptr[i + 1])} "
-                         f"< kv_indptr[{i}] = {int(indptr[i])}.")
+    pages = check_offsets("kv_indptr", indptr)
     if last.shape != pages.shape:
         raise ValueError(f"kv_last_page_len must be [num_seqs] = [{pages.size}] (len(kv_indptr) - 1), "
                          f"but got shape {last.shape}.")

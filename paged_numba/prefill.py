@@ -7,6 +7,7 @@ from . import _arrays, _launch
 from . import _validate as V
 from .attention import _int32_device, _padded, _variants
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
+from .page_tables import check_offsets
 
 
 def _host_int(name, x):
@@ -50,14 +51,7 @@ def check_lengths(cu_seqlens_q, seq_lens, total_q):
     if cu.ndim != 1 or cu.size != seq_lens.size + 1:
         raise ValueError(f"cu_seqlens_q must be [num_seqs + 1] = [{seq_lens.size + 1}], but got "
                          f"shape {V.shape_of(cu)}.")
-    if cu[0] != 0:
-        raise ValueError(f"cu_seqlens_q[0] must be 0, but got {int(cu[0])}.")
-    q_lens = np.diff(cu)
-    bad = np.flatnonzero(q_lens < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"cu_seqlens_q must be non-decreasing, but cu_seqlens_q[{i + 1}] = "
-                         f"{int(cu[i + 1])} < cu_seqlens_q[{i}] = {int(cu[i])}.")
+    q_lens = check_offsets("cu_seqlens_q", cu)
     if cu[-1] != total_q:
         raise ValueError(f"cu_seqlens_q[-1] must equal total_q = {total_q} (query rows), but got "
                          f"{int(cu[-1])}.")
@@ -238,7 +232,7 @@ class PrefillPlan:
         elif validate:
             self._check(inputs, True)
         if self.num_tiles:
-            self._launch(_launch.as_stream(stream))
+            self._launch(stream)
         return self.out
 
     def _check(self, inputs, validate=True):
@@ -368,7 +362,7 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
                        logits_soft_cap=logits_soft_cap, **tiling)
     plan._pack((q, block_tables), validate)
     if plan.num_tiles:
-        plan._launch(_launch.as_stream(None))
+        plan._launch(None)
     out, lse = plan.out, plan.lse
     if from_host:
         out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()

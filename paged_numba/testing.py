@@ -466,6 +466,34 @@ def check_close(out, ref64, bound, what="output"):
     return float(np.max(err / allowed, initial=0.0))
 
 
+def check_attention(q, out, lse, ref, ref_lse, bound, bound_lse):
+    """Check a kernel's ``out`` (``[rows, num_heads, head_size]``, the query's
+    shape and dtype) and ``lse`` (``[rows, num_heads]``) against the float64
+    reference and its bounds (from :func:`decode_reference` or
+    :func:`prefill_reference`): :func:`check_close` on both, ``-inf`` exactly
+    where the reference has no admissible key. Returns the output's largest
+    error over its bound (also noted in a hypothesis test).
+
+    Examples
+    --------
+    >>> q = np.zeros((1, 1, 2), np.float32)
+    >>> ref, ref_lse = np.array([[[1.0, 2.0]]]), np.array([[0.5]])
+    >>> check_attention(q, ref.astype(np.float32), ref_lse.astype(np.float32), ref, ref_lse,
+    ...                 np.zeros((1, 1, 2)), np.zeros((1, 1)))
+    0.0
+    """
+    from hypothesis import currently_in_test_context, note
+
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ratio = check_close(out, ref, bound)
+    if currently_in_test_context():
+        note(f"max error / bound: {ratio:.3g}")
+    finite = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(lse), finite)
+    check_close(lse[finite], ref_lse[finite], bound_lse[finite], "lse")
+    return ratio
+
+
 def decode_reference(problem, q, k, v, scale=None, num_partitions=None, **variants):
     """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
     :class:`DecodeProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as in

@@ -4,12 +4,12 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import currently_in_test_context, given, note, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import paged_numba as pn
 from paged_numba.reference import attention
-from paged_numba.testing import (U32, DecodeProblem, check_close, decode_problems,
+from paged_numba.testing import (U32, DecodeProblem, check_attention, check_close, decode_problems,
                                  decode_reference, gamma, variants)
 
 SIM = pn.simulator_enabled()
@@ -75,15 +75,8 @@ def run_decode(p, num_partitions=None, **variants):
 
 def check_decode(p, num_partitions, **variants):
     (q, k, v), out, lse = run_decode(p, num_partitions, **variants)
-    ref, ref_lse, bound, bound_lse = decode_reference(p, q, k, v, num_partitions=num_partitions,
-                                                      **variants)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    ratio = check_close(out, ref, bound)
-    if currently_in_test_context():
-        note(f"max error / bound: {ratio:.3g}")
-    finite = np.isfinite(ref_lse)
-    assert np.array_equal(np.isfinite(lse), finite)
-    check_close(lse[finite], ref_lse[finite], bound_lse[finite], "lse")
+    check_attention(q, out, lse, *decode_reference(p, q, k, v, num_partitions=num_partitions,
+                                                   **variants))
 
 
 @pytest.mark.parametrize("p, num_partitions", [(SEED_60, None), (SEED_60, 3), (SEED_BATCH, 1),

@@ -3,15 +3,15 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import currently_in_test_context, given, note, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import paged_numba as pn
 from paged_numba.page_tables import padded_to_csr
 from paged_numba.reference import attention, gather_kv
-from paged_numba.testing import (PrefillProblem, attention_error_bound, check_close,
-                                 prefill_error_bound, prefill_problems, prefill_reference,
-                                 variants)
+from paged_numba.testing import (PrefillProblem, attention_error_bound, check_attention,
+                                 check_close, prefill_error_bound, prefill_problems,
+                                 prefill_reference, variants)
 
 SIM = pn.simulator_enabled()
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
@@ -81,14 +81,7 @@ def run_prefill(p, causal=True, tiling=None, **variants):
 
 def check_prefill(p, causal=True, tiling=None, **variants):
     (q, k, v), out, lse = run_prefill(p, causal, tiling, **variants)
-    ref, ref_lse, bound, bound_lse = prefill_reference(p, q, k, v, causal=causal, **variants)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    ratio = check_close(out, ref, bound)
-    if currently_in_test_context():
-        note(f"max error / bound: {ratio:.3g}")
-    finite = np.isfinite(ref_lse)
-    assert np.array_equal(np.isfinite(lse), finite)
-    check_close(lse[finite], ref_lse[finite], bound_lse[finite], "lse")
+    check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=causal, **variants))
     return out
 
 
