@@ -220,20 +220,22 @@ def main():
     ap.add_argument("--out", default="results/decode_h200.csv")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tuning", action="store_true",
-                    help="time kernel variants (warps, unroll) on the headline shapes, print only")
+                    help="time kernel variants (v4 and tensor-core kernels, warps, ring depth) "
+                         "on the headline shapes, print only")
     ap.add_argument("--partitions", action="store_true",
                     help="time every split-K partition count on the headline shapes, print only")
     ap.add_argument("--once", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                     help="build and run one headline-style configuration (for a profiler)")
     args = ap.parse_args()
     if args.tuning:
-        for warps, unroll, stages in [(4, 2, 4), (4, 2, 5), (4, 1, 8), (4, 4, 2), (2, 2, 8),
-                                      (2, 4, 4), (8, 1, 4), (4, 1, 4)]:
-            tuning = dict(num_warps=warps, unroll=unroll, stages=stages)
+        variants = [dict(tensor_cores=False, num_warps=4, unroll=4, stages=2)]
+        variants += [dict(tensor_cores=True, num_warps=w, stages=st)
+                     for w, st in ((4, 2), (2, 2), (2, 4), (1, 4), (1, 8))]
+        for tuning in variants:
             for b, c in HEADLINE:
                 r = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False,
                                  reps=15, tuning=tuning)[0]
-                print(f"warps={warps} unroll={unroll} stages={stages} b={b} ctx={c} "
+                print(" ".join(f"{k}={v}" for k, v in tuning.items()) + f" b={b} ctx={c} "
                       f"P={r['num_partitions']} {r['us']:.1f} us {r['gbps']:.0f} GB/s "
                       f"regs={r['regs']} host={r['host_us']:.1f} us err={r['max_err']:.2e}",
                       flush=True)

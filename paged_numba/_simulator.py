@@ -12,6 +12,7 @@ state lives on the block's ``BlockManager``, so blocks and launches never
 share it.
 """
 
+import functools
 import sys
 import threading
 
@@ -204,10 +205,12 @@ def _shared_array(self, shape, dtype, alignment=None):
     through a declaration can get two different arrays (seen with a short
     switch interval). Here the look-up holds a lock. New float arrays are
     filled with NaN, so a read of shared memory that nothing wrote shows up
-    in the results instead of passing silently.
+    in the results instead of passing silently. ``alignment`` is accepted and
+    ignored (the simulator's own version refuses it): NumPy arrays are
+    addressed by index, so placement cannot matter.
     """
-    if shape == 0 or alignment is not None:
-        return _ORIG_SHARED_ARRAY(self, shape, dtype, alignment)
+    if shape == 0:
+        return _ORIG_SHARED_ARRAY(self, shape, dtype)
     frame = sys._getframe(1)
     caller = (frame.f_code.co_filename, frame.f_lineno)
     with _SHARED_LOCK:
@@ -229,7 +232,8 @@ def install():
     ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
     ``syncwarp``, ``activemask``, ``lanemask_lt``, ``ballot_sync``,
     ``any_sync``, ``all_sync``, ``eq_sync``, ``match_any_sync`` and
-    ``match_all_sync``, makes ``cuda.shared.array`` thread-safe (see
+    ``match_all_sync`` (on ``numba.cuda`` as well, for device functions that
+    live outside the kernel's module), makes ``cuda.shared.array`` thread-safe (see
     :func:`_shared_array`), and sets ``sys.setswitchinterval(1e-4)`` because the
     simulator busy-polls its threads. Calling it again does nothing.
 
@@ -255,5 +259,9 @@ def install():
         eq_sync, match_any_sync, match_all_sync]
     for fn in funcs:
         setattr(FakeCUDAModule, fn.__name__, fn)
+        # The simulator swaps in its per-block fake module only in the module of
+        # the kernel it runs; device helpers in other modules see numba.cuda.
+        if not hasattr(numba.cuda, fn.__name__):
+            setattr(numba.cuda, fn.__name__, functools.partial(fn, None))
     _installed = True
     return True

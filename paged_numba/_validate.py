@@ -61,6 +61,8 @@ def check_query(query, q, cache, meaning):
             f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")
     check_head_size(head_size)
     check_heads(num_heads, cache)
+    if not q.is_c_contiguous():
+        raise ValueError(f"query must be C-contiguous, but got strides {q.strides}.")
     return rows, num_heads, head_size
 
 

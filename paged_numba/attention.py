@@ -5,6 +5,7 @@ import numpy as np
 
 from . import _arrays, _launch
 from . import _validate as V
+from .kernels import decode_tc
 from .kernels.decode import decode_kernel, heads_per_block
 from .kernels.merge import merge_kernel
 from .kernels.specializations import decode_signatures
@@ -106,16 +107,39 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
     return min(p for p in options if cost[p] <= best * (1 + SPLIT_MARGIN))
 
 
-def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning):
+def decode_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
+    """``(kernel, threads, tensor_cores)`` of the decode kernel for ``cache`` and ``hpb`` query
+    heads per block: the tensor-core kernel (``kernels.decode_tc``) where it
+    applies (fp16/bf16, head size 32/64/128/256, value rows contiguous) unless
+    ``tensor_cores`` is False, else ``kernels.decode``. ``tuning`` is
+    ``(num_warps, unroll, stages)``; the tensor-core kernel has no ``unroll``
+    and halves ``num_warps`` until two ring stages fit in shared memory."""
+    num_warps, unroll, stages = tuning
+    args = (cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout)
+    usable = decode_tc.supports(cache.head_size, hpb, cache.dtype.name, cache.layout)
+    if tensor_cores and not usable:
+        raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache in one of the layouts "
+                         f"{decode_tc.LAYOUTS}, head_size in {decode_tc.HEAD_SIZES} and at most "
+                         f"{decode_tc.MAX_HPB} query heads per KV head and block, but got "
+                         f"{cache.dtype.name}, {cache.layout!r}, head_size={cache.head_size}, "
+                         f"heads_per_block={hpb}.")
+    if usable and tensor_cores is not False:
+        while num_warps > 1 and not decode_tc.ring_stages(cache.head_size, num_warps, stages):
+            num_warps //= 2
+        return decode_tc.decode_tc_kernel(*args, num_warps, stages, split), 32 * num_warps, True
+    return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
+
+
+def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
+                tensor_cores=None):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
     from :func:`num_partitions_for` with the split kernel's occupancy."""
     if num_partitions is None:
-        kernel = decode_kernel(cache.head_size, cache.block_size, hpb, cache.dtype.name,
-                               cache.layout, *tuning, True)
+        kernel, threads, _ = decode_launch(cache, hpb, True, tuning, tensor_cores)
         split = decode_signatures(cache.dtype.name, cache.layout)[1]
         num_partitions = num_partitions_for(
             num_seqs, num_heads // hpb, max_context, _arrays.sm_count(),
-            _launch.resident_blocks(kernel, split, 32 * tuning[0]))
+            _launch.resident_blocks(kernel, split, threads))
     if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
             or num_partitions < 1:
         raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
@@ -207,18 +231,17 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
-        kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
-                               cache.layout, NUM_WARPS, UNROLL, STAGES, num_partitions > 1)
+        kernel, threads, _ = decode_launch(cache, hpb, num_partitions > 1)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants)
         if num_partitions == 1:
-            kernel[grid, 32 * NUM_WARPS](out.reshape(num_seqs, 1, num_heads, head_size),
-                                         lse.reshape(num_seqs, 1, num_heads), *args)
+            kernel[grid, threads](out.reshape(num_seqs, 1, num_heads, head_size),
+                                  lse.reshape(num_seqs, 1, num_heads), *args)
         else:
             part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
             part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
-            kernel[grid, 32 * NUM_WARPS](part_out, part_lse, *args)
+            kernel[grid, threads](part_out, part_lse, *args)
             merge_kernel(cache.dtype.name)[(num_heads, num_seqs), 128](out, lse, part_out,
                                                                        part_lse)
     if from_host:
@@ -308,6 +331,9 @@ class DecodePlan:
         Tuning knobs of the kernel: warps per thread block, tokens per lane
         and step, and steps in flight in the shared-memory copy ring (capped
         by the 48 KB of static shared memory).
+    tensor_cores : bool, optional
+        Use the tensor-core kernel (``kernels.decode_tc``: q.k on ``mma.sync``)
+        or not; default: where it applies. True raises where it does not.
 
     Examples
     --------
@@ -326,7 +352,8 @@ class DecodePlan:
 
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=STAGES):
+                 num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=STAGES,
+                 tensor_cores=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         V.check_heads(num_heads, cache)
@@ -342,7 +369,8 @@ class DecodePlan:
         self.num_warps = int(num_warps)
         tuning = (self.num_warps, int(unroll), int(stages))
         self.num_partitions, self.partition_size = _partitions(
-            num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning)
+            num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning,
+            tensor_cores)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)
@@ -352,8 +380,8 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self._kernel = decode_kernel(head_size, cache.block_size, hpb, cache.dtype.name,
-                                     cache.layout, *tuning, p > 1)
+        self._kernel, self._threads, self.tensor_cores = decode_launch(cache, hpb, p > 1, tuning,
+                                                                       tensor_cores)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
@@ -422,7 +450,7 @@ class DecodePlan:
         args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
                 *self._variants)
-        self._decode = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
+        self._decode = _launch.PackedLaunch(self._kernel, self._grid, self._threads, args)
         self._inputs = inputs
 
     def __repr__(self):

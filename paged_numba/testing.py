@@ -27,6 +27,8 @@ import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
+from .kernels.decode import heads_per_block
+from .kernels.decode_tc import supports as tensor_cores_apply
 from .layouts import from_nhd
 from .reference import gather_kv, logits, paged_decode_reference
 
@@ -245,20 +247,28 @@ def decode_problems(draw, head_sizes=(64, 80, 96, 112, 128, 256), block_sizes=(8
 
 
 U32 = 2.0 ** -24   # unit roundoff of float32, the precision every kernel computes in
+# Tensor-core products (``mma.sync``, fp16/bf16 in, fp32 accumulate) are exact, but
+# the accumulation aligns each block of products to the largest exponent and
+# truncates instead of rounding to nearest (Fasi, Higham, Mikaitis and Pranesh,
+# "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): the dot products
+# of the tensor-core decode kernel are bounded with 4 units of fp32 roundoff.
+TENSOR_CORE_U = 4 * U32
 
 
-def gamma(n):
+def gamma(n, u=U32):
     """Higham's gamma_n = n u / (1 - n u): the relative error bound of a
     float32 sum or product chain of ``n`` terms.
 
     Parameters
     ----------
     n : int or numpy.ndarray of int (any shape)
+    u : float
+        Unit roundoff, default that of float32.
 
     Returns
     -------
     float or numpy.ndarray (``n``'s shape)
-        With ``u = 2 ** -24`` (:data:`U32`).
+        With ``u = 2 ** -24`` (:data:`U32`) unless ``u`` is given.
 
     Examples
     --------
@@ -269,10 +279,11 @@ def gamma(n):
     >>> gamma(np.array([1, 2])).shape
     (2,)
     """
-    return n * U32 / (1.0 - n * U32)
+    return n * u / (1.0 - n * u)
 
 
-def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, **variants):
+def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, dot_u=U32,
+                          **variants):
     """Rounding-error bounds for fp32 softmax attention of one query row.
 
     A first-order forward error analysis of what any fp32 kernel computes,
@@ -305,6 +316,9 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, *
         Merges of partial softmax states (online-softmax chunks, split-K parts).
     transcendental_ulps : int
         Ulps of error allowed for each exp, log or tanh.
+    dot_u : float
+        Unit roundoff of the q.k accumulation (:data:`TENSOR_CORE_U` for
+        tensor cores).
     **variants
         ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
 
@@ -330,7 +344,7 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, *
     group = num_heads // k.shape[1]
     z = logits(q[None], k, scale, **variants)[:, 0]                 # [num_heads, L]
     mags = np.einsum("hd,khd->hk", np.abs(q), np.abs(np.repeat(k, group, axis=1))) * abs(scale)
-    e_s = gamma(head_size + 2) * mags.max(axis=1)                   # [num_heads]
+    e_s = gamma(head_size + 2, dot_u) * mags.max(axis=1)            # [num_heads]
     if variants.get("logits_soft_cap") is not None:
         e_s = e_s + transcendental_ulps * U32 * variants["logits_soft_cap"]
     if variants.get("alibi_slopes") is not None:
@@ -354,7 +368,8 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
     output at most once per warp step of several tokens, and merges at most
     one non-empty state per warp that saw tokens) plus one per split-K
     partition (at most the table's capacity in tokens when
-    ``num_partitions`` is None).
+    ``num_partitions`` is None). Where ``paged_decode`` runs the tensor-core
+    kernel, the logits are bounded with :data:`TENSOR_CORE_U`.
 
     Parameters
     ----------
@@ -389,11 +404,15 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
         num_partitions = problem.max_blocks * problem.block_size
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
+    hpb = heads_per_block(problem.num_heads // problem.num_kv_heads)
+    dot_u = (TENSOR_CORE_U if tensor_cores_apply(problem.head_size, hpb, problem.dtype, problem.layout)
+             else U32)
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
+                                                       dot_u=dot_u,
                                                        **variants)
     return bound, bound_lse
 

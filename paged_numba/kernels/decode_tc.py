@@ -1,0 +1,338 @@
+"""Paged decode attention with the q.k products on tensor cores (fp16/bf16 caches).
+
+Computes exactly what ``kernels.decode`` computes (see its NumPy spec, with
+the same arguments, grid and outputs); only the work split differs. For
+head sizes 32, 64, 128 and 256, KV-head groups of at most 8 query heads, and
+the layouts whose value rows are contiguous ("nhd", "hnd", "interleaved").
+
+Structure:
+
+* grid ``(num_heads // HPB, num_seqs, num_partitions)``, ``NW`` warps with no
+  barrier until the epilogue; warp ``w`` takes the 8-token steps ``w, w + NW,
+  ...`` of its partition (steps start at multiples of 8) and keeps its own
+  online softmax;
+* copies: each lane ``cp.async``-copies into its own slots of a shared-memory
+  ring, ``STAGES - 1`` steps ahead, the 16-byte key vectors ``c, c + 4, ...``
+  of token ``r`` of the step (``r = lane // 4``, ``c = lane % 4``) and the
+  value vector ``lane % LPR`` of its tokens ``lane // LPR + k * TG``. Tokens
+  outside the partition copy a neighbour inside it (finite data, masked out);
+* logits: ``S = Q K^T`` for the step's 8 tokens is ``D / 16`` tensor-core
+  products ``mma.m16n8k16`` with the group's query rows as ``A`` (loaded once,
+  rows ``HPB..15`` zero) and the keys as ``B``. The head dimension is
+  permuted the same way in both operands (it is a sum), so a lane's key
+  vectors are its ``B`` fragments as they are; products and sums are fp32;
+* softmax: lane ``(r, c)`` holds the logits of head ``r`` for tokens ``2c,
+  2c + 1``: scale (base 2), soft cap, ALiBi, mask, a max over the four lanes of
+  the head (2 shuffles), ``exp2``. The probabilities go through a per-warp
+  shared ``[8 tokens, HPB]`` table to the lanes that hold the values;
+* P @ V in fp32 FMAs: lane ``(g, lr)`` accumulates value vector ``lr`` of
+  its tokens for every head of the group; the running output is rescaled only
+  when a head's maximum grew (a warp vote);
+* epilogue: token groups summed with shuffles, warps merged with the (m, l)
+  rule through shared memory, as in ``kernels.decode``.
+"""
+import functools
+import math
+
+from numba import cuda, float32, uint32
+
+from .access import device_function, vector_offsets
+from .async_copy import commit_group, copy16_async, wait_group
+from .convert import codec
+from .decode import FULL_MASK, LN2, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer
+from .mma import load_words, mma_m16n8k16
+from .vector import load16
+
+HEAD_SIZES = (32, 64, 128, 256)
+LAYOUTS = ("nhd", "hnd", "interleaved")
+DTYPES = ("float16", "bfloat16")
+MAX_HPB = 8
+STEP = 8                    # tokens per warp step: the mma's N
+
+
+def supports(head_size, heads_per_block, dtype, layout):
+    """Whether :func:`decode_tc_kernel` handles this combination."""
+    return (head_size in HEAD_SIZES and heads_per_block <= MAX_HPB and dtype in DTYPES
+            and layout in LAYOUTS)
+
+
+def ring_stages(head_size, num_warps, stages):
+    """Ring depth that fits the static shared memory (0 if not even 2 fit)."""
+    nvec = head_size // 8
+    lpr = min(32, nvec)
+    cps = nvec // 4 + STEP * lpr // 32          # key + value chunks per lane and step
+    room = SHARED_BYTES - 4 * (num_warps * head_size + 3 * num_warps * MAX_HPB
+                               + num_warps * STEP * MAX_HPB) - 512
+    fit = room // (cps * 32 * num_warps * 16)
+    return min(stages, fit) if fit >= 2 else 0
+
+
+@functools.cache
+def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
+                     num_warps=4, stages=2, split=False):
+    """Compile-time specialised tensor-core decode kernel; arguments, grid and
+    block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
+    threads)."""
+    if not supports(head_size, heads_per_block, dtype, layout):
+        raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
+                         f"heads_per_block={heads_per_block}, {dtype}, {layout}")
+    D = head_size
+    BLOCK_SIZE = block_size
+    HPB = heads_per_block
+    HP4 = -(-HPB // 4) * 4                # probability row padded to whole 16-byte reads
+    VEC = 8
+    NVEC = D // VEC
+    KV4 = NVEC // 4                       # key vectors per lane and token (c, c + 4, ...)
+    KSTEPS = D // 16                      # mma products per step
+    QA = 2 * KSTEPS                       # A-fragment words per lane
+    KW = 4 * KV4                          # B-fragment words per lane and step
+    LPR = min(32, NVEC)                   # lanes per value row
+    TG = 32 // LPR                        # token groups of the value lanes
+    TPL = STEP // TG                      # value tokens per lane and step
+    NW = num_warps
+    NT = 32 * NW
+    STAGES = ring_stages(D, NW, stages)
+    assert STAGES >= 2, "the copy ring does not fit: use fewer warps"
+    CPS = KV4 + TPL                       # 16-byte chunks per lane and step
+    RING = STAGES * CPS * NT * VEC
+    ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
+    SMEM_T = STORAGE[dtype]
+    KV_HEAD_AXIS = {"nhd": 2, "hnd": 1, "interleaved": 3}[layout]
+    k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
+    wait_stages = wait_group(STAGES - 1)
+    mma = mma_m16n8k16(dtype)
+    _, from_f32 = codec("float32" if split else dtype)
+    quad_max = lane_reducer(3, True)            # over the 4 lanes of a head row
+    quad_sum = lane_reducer(3, False)
+    group_sum = lane_reducer(31 & ~(LPR - 1), False)
+
+    def lane_rows(flat):
+        @device_function
+        def rows(pool, kvh, vec):
+            """``(base, block stride, token stride)`` of vector ``vec`` of ``kvh``."""
+            b0 = flat(pool, 0, kvh, 0, vec)
+            return b0, flat(pool, 1, kvh, 0, vec) - b0, flat(pool, 0, kvh, 1, vec) - b0
+        return rows
+
+    k_rows = lane_rows(k_flat)
+    v_rows = lane_rows(v_flat)
+
+    @device_function
+    def chunk(stage, c, tid):
+        """Flat index in the ring of this thread's chunk ``c`` of ``stage``."""
+        return ((stage * CPS + c) * NT + tid) * VEC
+
+    @device_function
+    def issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows, s0, lo, hi,
+              stage, r, g, tid):
+        """Copy the step's key vectors (token ``s0 + r``) and value vectors
+        (tokens ``s0 + g + k * TG``) into ``stage`` of the ring, as one group;
+        tokens outside ``[lo, hi]`` copy token ``lo`` or ``hi`` instead."""
+        kb0, k_blk, k_tok = krows
+        vb0, v_blk, v_tok = vrows
+        if ONE_BLOCK and s0 >= lo and s0 + STEP - 1 <= hi:
+            b = s0 // BLOCK_SIZE
+            blk = block_tables[seq, b]
+            off = s0 - b * BLOCK_SIZE
+            kt = kb0 + blk * k_blk + (off + r) * k_tok
+            vt = vb0 + blk * v_blk + (off + g) * v_tok
+            for i in range(KV4):
+                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + (4 * i) * VEC)
+            for k in range(TPL):
+                copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt + (k * TG) * v_tok)
+        else:
+            t = min(max(s0 + r, lo), hi)
+            b = t // BLOCK_SIZE
+            kt = kb0 + block_tables[seq, b] * k_blk + (t - b * BLOCK_SIZE) * k_tok
+            for i in range(KV4):
+                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + (4 * i) * VEC)
+            for k in range(TPL):
+                t = min(max(s0 + g + k * TG, lo), hi)
+                b = t // BLOCK_SIZE
+                vt = vb0 + block_tables[seq, b] * v_blk + (t - b * BLOCK_SIZE) * v_tok
+                copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
+        commit_group()
+
+    @cuda.jit
+    def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                               seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
+        hb = cuda.blockIdx.x
+        seq = cuda.blockIdx.y
+        part = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        r = lane // 4                        # mma row (query head) / key token of the step
+        c = lane % 4                         # mma column pair: tokens 2c, 2c + 1
+        lr = lane % LPR                      # value vector this lane owns
+        g = lane // LPR                      # value token group
+        group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
+        h0 = hb * HPB
+        kvh = h0 // group
+        seq_len = seq_lens[seq]
+        qpos = seq_len - 1
+        first = 0 if window <= 0 else max(seq_len - window, 0)
+        start = max(part * partition_size, first)
+        end = min(part * partition_size + partition_size, seq_len)
+        hi = end - 1
+
+        m_s = cuda.shared.array((NW, MAX_HPB), float32)
+        l_s = cuda.shared.array((NW, MAX_HPB), float32)
+        alpha_s = cuda.shared.array((NW, MAX_HPB), float32, alignment=16)
+        p_s = cuda.shared.array((NW, STEP, MAX_HPB), float32, alignment=16)
+        acc_s = cuda.shared.array((NW, D), float32)
+        ring = cuda.shared.array(RING, SMEM_T, alignment=16)
+
+        # A fragments: query row h0 + r (zero for r >= HPB), vector c + 4i holds
+        # the words of k-steps 2i (words 0, 1) and 2i + 1 (words 2, 3)
+        qa = cuda.local.array(QA, uint32)
+        for i in range(KV4):
+            w0 = uint32(0)
+            w1 = uint32(0)
+            w2 = uint32(0)
+            w3 = uint32(0)
+            if r < HPB:
+                w0, w1, w2, w3 = load_words(query, ((seq * query.shape[1] + h0 + r) * D
+                                                    + (c + 4 * i) * VEC))
+            qa[4 * i] = w0
+            qa[4 * i + 1] = w1
+            qa[4 * i + 2] = w2
+            qa[4 * i + 3] = w3
+        zero = uint32(0)
+        qscale = scale * float32(LOG2E)
+        cap2 = soft_cap * float32(LOG2E)
+        slope = float32(0.0)
+        if r < HPB:
+            slope = alibi_slopes[h0 + r] * float32(LOG2E)
+        m_run = NEG_INF
+        l_run = float32(0.0)
+        acc = cuda.local.array((HPB, VEC), float32)
+        for hh in range(HPB):
+            for e in range(VEC):
+                acc[hh, e] = 0.0
+        kw = cuda.local.array(KW, uint32)
+        vr = cuda.local.array(VEC, float32)
+        pr = cuda.local.array(HP4, float32)
+        krows = k_rows(key_cache, kvh, c)
+        vrows = v_rows(value_cache, kvh, lr)
+
+        astart = start - start % STEP
+        nsteps = 0
+        if astart + warp * STEP < end:
+            nsteps = (end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP)
+        for j in range(STAGES - 1):                 # fill the ring
+            if j < nsteps:
+                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
+                      astart + (warp + j * NW) * STEP, start, hi, j, r, g, tid)
+            else:
+                commit_group()
+        stage = 0
+        nxt_stage = STAGES - 1
+        for j in range(nsteps):
+            nxt = j + STAGES - 1
+            if nxt < nsteps:
+                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
+                      astart + (warp + nxt * NW) * STEP, start, hi, nxt_stage, r, g, tid)
+            else:
+                commit_group()
+            nxt_stage = nxt_stage + 1 if nxt_stage + 1 < STAGES else 0
+            wait_stages()                           # this step's group has landed
+            s0 = astart + (warp + j * NW) * STEP
+            # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
+            for i in range(KV4):
+                kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = load_words(
+                    ring, chunk(stage, i, tid))
+            d0 = float32(0.0)
+            d1 = float32(0.0)
+            d2 = float32(0.0)
+            d3 = float32(0.0)
+            for kk in range(KSTEPS):
+                d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
+                                     kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
+            # -- online softmax (variants in order: soft cap, ALiBi; then the mask)
+            t0 = s0 + 2 * c
+            z0 = d0 * qscale
+            z1 = d1 * qscale
+            if soft_cap > 0.0:
+                z0 = cap2 * math.tanh(z0 / cap2)
+                z1 = cap2 * math.tanh(z1 / cap2)
+            z0 += slope * float32(t0 - qpos)
+            z1 += slope * float32(t0 + 1 - qpos)
+            if r >= HPB or t0 < start or t0 >= end:
+                z0 = NEG_INF
+            if r >= HPB or t0 + 1 < start or t0 + 1 >= end:
+                z1 = NEG_INF
+            m_new = max(m_run, quad_max(max(z0, z1)))
+            grew = m_new > m_run
+            alpha = float32(1.0)
+            if grew:
+                alpha = math.exp2(m_run - m_new)
+            p0 = float32(0.0)
+            p1 = float32(0.0)
+            if m_new != NEG_INF:
+                p0 = math.exp2(z0 - m_new)
+                p1 = math.exp2(z1 - m_new)
+            l_run = l_run * alpha + p0 + p1
+            m_run = m_new
+            cuda.syncwarp()                          # the last step's reads of p_s are done
+            if r < HPB:
+                p_s[warp, 2 * c, r] = p0
+                p_s[warp, 2 * c + 1, r] = p1
+                if c == 0:
+                    alpha_s[warp, r] = alpha
+            rescale = cuda.any_sync(FULL_MASK, grew)
+            cuda.syncwarp()
+            # -- P @ V: rescale the running output if a maximum grew, add the tokens
+            if rescale:
+                for h4 in range(0, HP4, 4):
+                    load16(alpha_s, warp * MAX_HPB + h4, pr, h4)
+                for hh in range(HPB):
+                    for e in range(VEC):
+                        acc[hh, e] *= pr[hh]
+            for k in range(TPL):
+                load16(ring, chunk(stage, KV4 + k, tid), vr, 0)
+                for h4 in range(0, HP4, 4):
+                    load16(p_s, (warp * STEP + g + k * TG) * MAX_HPB + h4, pr, h4)
+                for hh in range(HPB):
+                    for e in range(VEC):
+                        acc[hh, e] += pr[hh] * vr[e]
+            stage = stage + 1 if stage + 1 < STAGES else 0
+
+        # -- epilogue: the warp's state, then the warps merged with the (m, l) rule
+        l_run = quad_sum(l_run)
+        if c == 0 and r < HPB:
+            m_s[warp, r] = m_run
+            l_s[warp, r] = l_run
+        for hh in range(HPB):
+            for e in range(VEC):
+                acc[hh, e] = group_sum(acc[hh, e])
+        cuda.syncthreads()  # wait for every warp's (m, l)
+        for hh in range(HPB):
+            mx = NEG_INF
+            for w in range(NW):
+                mx = max(mx, m_s[w, hh])
+            total = float32(0.0)
+            if mx != NEG_INF:
+                for w in range(NW):
+                    if m_s[w, hh] != NEG_INF:
+                        total += l_s[w, hh] * math.exp2(m_s[w, hh] - mx)
+            f = float32(0.0)
+            if total > 0.0 and m_s[warp, hh] != NEG_INF:
+                f = math.exp2(m_s[warp, hh] - mx) / total
+            if g == 0:
+                for e in range(VEC):
+                    acc_s[warp, lr * VEC + e] = acc[hh, e] * f
+            cuda.syncthreads()  # wait for every warp's weighted row
+            for d in range(tid, D, NT):
+                o = float32(0.0)
+                for w in range(NW):
+                    o += acc_s[w, d]
+                out[seq, part, h0 + hh, d] = from_f32(o)
+            if tid == 0:
+                if total > 0.0:
+                    lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
+                else:
+                    lse[seq, part, h0 + hh] = NEG_INF
+            cuda.syncthreads()  # acc_s is free for the next head
+
+    return paged_decode_tc_kernel

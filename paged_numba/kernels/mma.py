@@ -1,0 +1,117 @@
+"""Warp-wide tensor-core product and 16-byte word loads (sm_80+).
+
+``load_words(arr, flat)`` returns the 16 bytes of ``arr`` at flat element
+index ``flat`` (16-byte aligned) as four ``uint32`` words, without
+conversion: two fp16 or bf16 values per word, the lower index in the low
+half.
+
+``mma_m16n8k16(dtype)`` returns a device function
+``mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``: the warp
+computes ``D = A @ B + C`` for a 16 x 16 ``A`` and a 16 x 8 ``B`` of
+``dtype`` ("float16" or "bfloat16") and a 16 x 8 float32 ``C``, each lane
+holding the fragments PTX's ``mma.sync.aligned.m16n8k16.row.col`` assigns
+it. With ``r = lane // 4`` and ``c = lane % 4``::
+
+    a0 = A[r, 2c:2c+2]      a1 = A[r+8, 2c:2c+2]
+    a2 = A[r, 2c+8:2c+10]   a3 = A[r+8, 2c+8:2c+10]
+    b0 = B[2c:2c+2, r]      b1 = B[2c+8:2c+10, r]
+    c0, c1 = C[r, 2c], C[r, 2c+1]      c2, c3 = C[r+8, 2c], C[r+8, 2c+1]
+
+(``a*`` and ``b*`` are words of two elements; the products are exact in
+float32 and accumulated in float32.) All 32 lanes must call it together.
+
+On the GPU these are inline PTX (``ld.*.v4.u32`` through an LLVM vector load,
+``mma.sync``); under the simulator the lanes meet in the warp-operation
+rendezvous of ``paged_numba._simulator`` and each computes its own outputs
+from every lane's fragments in float64, rounded to float32.
+"""
+import functools
+
+import numpy as np
+from numba import config, types
+
+if config.ENABLE_CUDASIM:
+    from .vector import _host_flat
+
+    def load_words(arr, flat):
+        a = _host_flat(arr)
+        n = 16 // a.itemsize
+        w = np.ascontiguousarray(a[flat:flat + n]).view(np.uint32)
+        return int(w[0]), int(w[1]), int(w[2]), int(w[3])
+
+    def _halves(word, dtype):
+        lo, hi = int(word) & 0xFFFF, (int(word) >> 16) & 0xFFFF
+        if dtype == "bfloat16":
+            return [float(np.uint32(x << 16).view(np.float32)) for x in (lo, hi)]
+        return [float(np.uint16(x).view(np.float16)) for x in (lo, hi)]
+
+    @functools.cache
+    def mma_m16n8k16(dtype):
+        from .._simulator import _rendezvous
+
+        def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            lane, _, frags = _rendezvous(0xFFFFFFFF, "mma", ((a0, a1, a2, a3), (b0, b1)))
+            A = np.zeros((16, 16))
+            B = np.zeros((16, 8))
+            for ln, (a, b) in frags.items():
+                r, c = divmod(ln, 4)
+                A[r, 2 * c:2 * c + 2] = _halves(a[0], dtype)
+                A[r + 8, 2 * c:2 * c + 2] = _halves(a[1], dtype)
+                A[r, 2 * c + 8:2 * c + 10] = _halves(a[2], dtype)
+                A[r + 8, 2 * c + 8:2 * c + 10] = _halves(a[3], dtype)
+                B[2 * c:2 * c + 2, r] = _halves(b[0], dtype)
+                B[2 * c + 8:2 * c + 10, r] = _halves(b[1], dtype)
+            r, c = divmod(lane, 4)
+            d = A[[r, r, r + 8, r + 8]] @ B[:, [2 * c, 2 * c + 1, 2 * c, 2 * c + 1]]
+            out = np.diagonal(d) + np.array([c0, c1, c2, c3], dtype=np.float64)
+            return tuple(np.float32(x) for x in out)
+        return mma
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    _U32 = ir.IntType(32)
+    _F32 = ir.FloatType()
+
+    @intrinsic
+    def load_words(typingctx, arr, flat):
+        if not (isinstance(arr, types.Array) and arr.dtype.bitwidth in (16, 32)):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(arr, flat)
+
+        def codegen(context, builder, sig, args):
+            arr_ty, flat_ty = sig.args
+            data = context.make_array(arr_ty)(context, builder, args[0]).data
+            i = context.cast(builder, args[1], flat_ty, types.intp)
+            ptr = builder.bitcast(builder.gep(data, [i]), ir.VectorType(_U32, 4).as_pointer())
+            vec = builder.load(ptr, align=16)
+            words = [builder.extract_element(vec, ir.Constant(_U32, e)) for e in range(4)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return sig, codegen
+
+    @functools.cache
+    def mma_m16n8k16(dtype):
+        kind = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+        text = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};")
+        constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = types.UniTuple(types.float32, 4)(
+                types.uint32, types.uint32, types.uint32, types.uint32, types.uint32,
+                types.uint32, types.float32, types.float32, types.float32, types.float32)
+
+            def codegen(context, builder, sig_, args):
+                vals = [context.cast(builder, v, t, s)
+                        for v, t, s in zip(args, sig_.args, sig.args)]
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_U32] * 6 + [_F32] * 4)
+                res = builder.call(ir.InlineAsm(fnty, text, constraints), vals)
+                outs = [builder.extract_value(res, e) for e in range(4)]
+                return context.make_tuple(builder, sig.return_type, outs)
+
+            return types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+        return mma
