@@ -107,27 +107,33 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
     return min(p for p in options if cost[p] <= best * (1 + SPLIT_MARGIN))
 
 
-def decode_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
-    """``(kernel, threads, tensor_cores)`` of the decode kernel for ``cache`` and ``hpb`` query
-    heads per block: the tensor-core kernel (``kernels.decode_tc``) where it
-    applies (fp16/bf16, head size 32/64/128/256, value rows contiguous) unless
-    ``tensor_cores`` is False, else ``kernels.decode``. ``tuning`` is
-    ``(num_warps, unroll, stages)``; the tensor-core kernel has no ``unroll``
-    and halves ``num_warps`` until two ring stages fit in shared memory."""
+def decode_launch(head_size, block_size, hpb, dtype, layout, split,
+                  tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
+    """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
+    ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
+    The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
+    head size 32/64/128/256, value rows contiguous) unless ``tensor_cores`` is
+    False, else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll,
+    stages)``; the tensor-core kernel has no ``unroll`` and halves
+    ``num_warps`` until two ring stages fit in shared memory."""
     num_warps, unroll, stages = tuning
-    args = (cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout)
-    usable = decode_tc.supports(cache.head_size, hpb, cache.dtype.name, cache.layout)
+    args = (head_size, block_size, hpb, dtype, layout)
+    usable = decode_tc.supports(head_size, hpb, dtype, layout)
     if tensor_cores and not usable:
         raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache in one of the layouts "
                          f"{decode_tc.LAYOUTS}, head_size in {decode_tc.HEAD_SIZES} and at most "
                          f"{decode_tc.MAX_HPB} query heads per KV head and block, but got "
-                         f"{cache.dtype.name}, {cache.layout!r}, head_size={cache.head_size}, "
-                         f"heads_per_block={hpb}.")
+                         f"{dtype}, {layout!r}, head_size={head_size}, heads_per_block={hpb}.")
     if usable and tensor_cores is not False:
-        while num_warps > 1 and not decode_tc.ring_stages(cache.head_size, num_warps, stages):
+        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages):
             num_warps //= 2
         return decode_tc.decode_tc_kernel(*args, num_warps, stages, split), 32 * num_warps, True
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
+
+
+def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
+    return decode_launch(cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout,
+                         split, tuning, tensor_cores)
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
@@ -135,7 +141,7 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
     from :func:`num_partitions_for` with the split kernel's occupancy."""
     if num_partitions is None:
-        kernel, threads, _ = decode_launch(cache, hpb, True, tuning, tensor_cores)
+        kernel, threads, _ = _cache_launch(cache, hpb, True, tuning, tensor_cores)
         split = decode_signatures(cache.dtype.name, cache.layout)[1]
         num_partitions = num_partitions_for(
             num_seqs, num_heads // hpb, max_context, _arrays.sm_count(),
@@ -231,7 +237,7 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
-        kernel, threads, _ = decode_launch(cache, hpb, num_partitions > 1)
+        kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants)
@@ -380,7 +386,7 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self._kernel, self._threads, self.tensor_cores = decode_launch(cache, hpb, p > 1, tuning,
+        self._kernel, self._threads, self.tensor_cores = _cache_launch(cache, hpb, p > 1, tuning,
                                                                        tensor_cores)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,

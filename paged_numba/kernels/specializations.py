@@ -53,15 +53,36 @@ def decode_points(layouts=LAYOUTS, dtypes=DTYPES):
     return points
 
 
+def decode_tc_points():
+    """``(head_size, block_size, heads_per_block, layout, dtype, split)`` of the
+    tensor-core decode kernel: every head size x layout x dtype (unsplit and
+    split) at block size 16 and four heads per block, then block sizes 1, 5,
+    8, 32 and heads per block 1, 3, 8 in "nhd" fp16."""
+    from . import decode_tc
+
+    points = [(hs, 16, 4, lay, dt, split) for hs, lay, dt, split in itertools.product(
+        decode_tc.HEAD_SIZES, decode_tc.LAYOUTS, decode_tc.DTYPES, (False, True))]
+    points += [(128, bs, 4, "nhd", "float16", False) for bs in (1, 5, 8, 32)]
+    points += [(128, 16, hpb, "nhd", "float16", False) for hpb in (1, 3, 8)]
+    return points
+
+
 def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES):
     """Yield ``(name, kernel, signature)`` for the kernel specialisations:
-    decode at :func:`decode_points`; write_kv and merge: every specialisation."""
-    from ..attention import NUM_WARPS, STAGES, UNROLL
+    decode at :func:`decode_points` and :func:`decode_tc_points` (with the
+    warps ``attention.decode_launch`` gives them); write_kv and merge: every
+    specialisation."""
+    from ..attention import NUM_WARPS, STAGES, UNROLL, decode_launch
 
     for hs, bs, hpb, layout, dtype, split in decode_points(layouts, dtypes):
         kernel = decode_kernel(hs, bs, hpb, dtype, layout, NUM_WARPS, UNROLL, STAGES, split)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
         yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
+    for hs, bs, hpb, layout, dtype, split in decode_tc_points():
+        kernel, threads, _ = decode_launch(hs, bs, hpb, dtype, layout, split, tensor_cores=True)
+        sig = decode_signatures(dtype, layout)[1 if split else 0]
+        yield (f"decode_tc hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype} "
+               f"threads={threads}"), kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, vector_width(dtype))
         for slot_dtype in ("int64", "int32"):
