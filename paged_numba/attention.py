@@ -442,6 +442,8 @@ class DecodePlan:
         expect = (self.num_seqs, self.num_heads, self.cache.head_size)
         if V.shape_of(q) != expect:
             raise ValueError(f"query must be {list(expect)} for this plan, but got {V.shape_of(q)}.")
+        if not q.is_c_contiguous():
+            raise ValueError(f"query must be C-contiguous, but got strides {q.strides}.")
         V.check_dtype("query", query, self.cache.dtype)
         tables, tables_host = _int32_device("block_tables", block_tables, True)
         lens, lens_host = _int32_device("seq_lens", seq_lens, True)

@@ -307,3 +307,33 @@ def test_running_max_grows_every_step():
     out = pn.paged_decode(q, cache, p.block_tables, p.seq_lens, num_partitions=1)
     ref, _, bound, _ = decode_reference(p, q, kp, vp, num_partitions=1)
     check_close(out, ref, bound)
+
+
+def test_tensor_core_kernel_is_chosen_where_it_applies_and_refused_elsewhere():
+    p = _problem([20], [[0, 1]], 16, head_size=32, num_heads=4, num_kv_heads=1)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    assert pn.DecodePlan(cache, 1, 4, 2).tensor_cores
+    assert not pn.DecodePlan(cache, 1, 4, 2, tensor_cores=False).tensor_cores
+    cache32 = pn.PagedKVCache.from_host(k.astype(np.float32), v.astype(np.float32), "nhd")
+    assert not pn.DecodePlan(cache32, 1, 4, 2).tensor_cores
+    with pytest.raises(ValueError, match=r"tensor_cores=True needs .* but got float32, 'nhd', "
+                                         r"head_size=32, heads_per_block=4"):
+        pn.DecodePlan(cache32, 1, 4, 2, tensor_cores=True)
+    # both kernels, same inputs: each within the bound of its own arithmetic
+    from numba import cuda
+    ref, _, bound, _ = decode_reference(p, q, k, v, num_partitions=1)
+    dq, dt, dl = cuda.to_device(q), cuda.to_device(p.block_tables), cuda.to_device(p.seq_lens)
+    for tc in (True, False):
+        plan = pn.DecodePlan(cache, 1, 4, 2, num_partitions=1, tensor_cores=tc)
+        check_close(plan.run(dq, dt, dl).copy_to_host(), ref, bound)
+
+
+def test_non_contiguous_device_query_is_refused():
+    from numba import cuda
+    p = _problem([5], [[0]], 8, head_size=16, num_heads=2, num_kv_heads=1)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    wide = cuda.to_device(np.zeros((1, 2, 32), np.float16))
+    with pytest.raises(ValueError, match="query must be C-contiguous, but got strides"):
+        pn.paged_decode(wide[:, :, ::2], cache, p.block_tables, p.seq_lens)
