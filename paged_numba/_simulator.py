@@ -232,8 +232,8 @@ def install():
     ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
     ``syncwarp``, ``activemask``, ``lanemask_lt``, ``ballot_sync``,
     ``any_sync``, ``all_sync``, ``eq_sync``, ``match_any_sync`` and
-    ``match_all_sync`` (on ``numba.cuda`` as well, for device functions that
-    live outside the kernel's module), makes ``cuda.shared.array`` thread-safe (see
+    ``match_all_sync`` (on ``numba.cuda`` as well, with ``syncthreads``, for
+    device functions that live outside the kernel's module), makes ``cuda.shared.array`` thread-safe (see
     :func:`_shared_array`), and sets ``sys.setswitchinterval(1e-4)`` because the
     simulator busy-polls its threads. Calling it again does nothing.
 
@@ -263,5 +263,7 @@ def install():
         # the kernel it runs; device helpers in other modules see numba.cuda.
         if not hasattr(numba.cuda, fn.__name__):
             setattr(numba.cuda, fn.__name__, functools.partial(fn, None))
+    if not hasattr(numba.cuda, "syncthreads"):
+        numba.cuda.syncthreads = lambda: threading.current_thread().syncthreads()
     _installed = True
     return True

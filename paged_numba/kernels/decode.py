@@ -132,6 +132,63 @@ def lane_reducer(mask, op_max):
     return reduce
 
 
+def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32):
+    """Device function ``merge(out, lse, seq, part, h0, warp, tid, g, lane_r, acc,
+    m_s, l_s, acc_s)``: the decode kernels' epilogue. Each warp holds its own
+    softmax state for the ``hpb`` query heads from ``h0``: ``m_s[warp, hh]``,
+    ``l_s[warp, hh]`` (base 2, written before the call) and, in lane ``g *
+    lpr + lane_r``, the partial output ``acc[hh, i * vec + e]`` of elements
+    ``(lane_r + i * lpr) * vec + e`` for the ``lpr``-lane token group ``g``.
+    It sums the token groups with shuffles and merges the warps with the (m, l)
+    rule through ``acc_s [num_warps, head_size]`` float32 shared memory, then
+    writes ``out[seq, part, h0 + hh, :]`` (through ``from_f32``) and the
+    natural-log ``lse[seq, part, h0 + hh]`` (``-inf`` when no key was seen)."""
+    NW, HPB, D, VEC, VPL, LPR = num_warps, hpb, head_size, vec, vpl, lpr
+    NVEC = D // VEC
+    NT = 32 * NW
+    ACC = VPL * VEC
+    group_sum = lane_reducer(31 & ~(LPR - 1), False)
+
+    @device_function
+    def merge(out, lse, seq, part, h0, warp, tid, g, lane_r, acc, m_s, l_s, acc_s):
+        for hh in range(HPB):
+            for j in range(ACC):
+                acc[hh, j] = group_sum(acc[hh, j])
+        cuda.syncthreads()  # wait for every warp's (m, l)
+        for hh in range(HPB):
+            mx = NEG_INF
+            for w in range(NW):
+                mx = max(mx, m_s[w, hh])
+            total = float32(0.0)
+            if mx != NEG_INF:
+                for w in range(NW):
+                    if m_s[w, hh] != NEG_INF:
+                        total += l_s[w, hh] * math.exp2(m_s[w, hh] - mx)
+            f = float32(0.0)
+            if total > 0.0 and m_s[warp, hh] != NEG_INF:
+                f = math.exp2(m_s[warp, hh] - mx) / total
+            if g == 0:
+                for i in range(VPL):
+                    v = lane_r + i * LPR
+                    if v < NVEC:
+                        for e in range(VEC):
+                            acc_s[warp, v * VEC + e] = acc[hh, i * VEC + e] * f
+            cuda.syncthreads()  # wait for every warp's weighted row
+            for d in range(tid, D, NT):
+                o = float32(0.0)
+                for w in range(NW):
+                    o += acc_s[w, d]
+                out[seq, part, h0 + hh, d] = from_f32(o)
+            if tid == 0:
+                if total > 0.0:
+                    lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
+                else:
+                    lse[seq, part, h0 + hh] = NEG_INF
+            cuda.syncthreads()  # acc_s is free for the next head
+
+    return merge
+
+
 STORAGE = {"float16": float16, "float32": float32, "bfloat16": uint16}
 SHARED_BYTES = 48 * 1024      # static shared memory of one thread block
 
@@ -173,10 +230,6 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     # contiguous) and reads them back itself, STAGES - 1 steps later
     STAGE_V = layout != "vllm"
     CPS = U * VPL * (2 if STAGE_V else 1)             # 16-byte chunks per lane and step
-    FULL_ROWS = NVEC == LPR * VPL         # every lane has VPL vectors of each row
-    # warp steps start at multiples of STEP; when STEP divides the block size,
-    # the tokens of a step share one block and one block-table lookup
-    ONE_BLOCK = BLOCK_SIZE % STEP == 0
     ring_bytes = SHARED_BYTES - 4 * (NW * HEAD_SIZE + 2 * NW * HPB) - 256
     STAGES = max(2, min(stages, ring_bytes // (CPS * NT * 16)))
     RING = STAGES * CPS * NT * VEC                    # elements
@@ -190,7 +243,6 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     # lanes sharing an owned head: the low bits of the group index that only
     # select u or a copy, and every token group of the warp
     head_mask = (max(LPR // _pow2_ceil(HPB), 1) - 1) | (31 & ~(LPR - 1))
-    group_mask = 31 & ~(LPR - 1)
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
     _, v_vec = vector_accessors(layout, dtype)
@@ -201,7 +253,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     reduce_logits = transposing_reducer(N, LPR)
     head_max = lane_reducer(head_mask, True)
     head_sum = lane_reducer(head_mask, False)
-    group_sum = lane_reducer(group_mask, False)
+    merge_warps = warp_merger(NW, HPB, HEAD_SIZE, VEC, VPL, LPR, from_f32)
 
     @device_function
     def src_lane(idx):
@@ -218,60 +270,24 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
         """Flat index in the ring of this thread's chunk ``c`` of ``stage``."""
         return ((stage * CPS + c) * NT + tid) * VEC
 
-    def lane_rows(flat):
-        @device_function
-        def rows(pool, kvh, lane_r):
-            """``(base, block stride, row stride, vector stride)``: the flat offset
-            of this lane's first vector of ``kvh`` in block 0, token 0, and how it
-            moves with the block, the token in the block and the vector (+LPR)."""
-            b0 = flat(pool, 0, kvh, 0, lane_r)
-            return (b0, flat(pool, 1, kvh, 0, lane_r) - b0, flat(pool, 0, kvh, 1, lane_r) - b0,
-                    flat(pool, 0, kvh, 0, lane_r + LPR) - b0)
-        return rows
-
-    k_rows = lane_rows(k_flat)
-    v_rows = lane_rows(v_flat if STAGE_V else k_flat)
-
     @device_function
-    def issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows, s0, lo, hi, stage,
-              g,
-              lane_r, tid):
+    def issue(ring, key_cache, value_cache, block_tables, seq, kvh, s0, end, stage, g, lane_r,
+              tid):
         """Start copying the vectors of the step's tokens ``s0 + u * TPW + g``
-        into ``stage`` of the ring, as one group. Tokens outside ``[lo, hi]``
-        copy token ``lo`` or ``hi`` instead (they are masked out later), so
-        every slot holds finite cache data and no copy is conditional."""
-        kb0, k_blk, k_row, k_vec = krows
-        vb0, v_blk, v_row, v_vec_ = vrows
-        if ONE_BLOCK and s0 >= lo and s0 + STEP - 1 <= hi:
-            # the common case: every token valid, one block, one table lookup
-            b = s0 // BLOCK_SIZE
-            blk = block_tables[seq, b]
-            off = s0 - b * BLOCK_SIZE + g
-            kt = kb0 + blk * k_blk + off * k_row
-            vt = vb0 + blk * v_blk + off * v_row
-            for u in range(U):
+        (those below ``end``) into ``stage`` of the ring, as one group."""
+        for u in range(U):
+            t = s0 + u * TPW + g
+            if t < end:
+                blk = block_tables[seq, t // BLOCK_SIZE]
+                off = t % BLOCK_SIZE
                 for i in range(VPL):
-                    if FULL_ROWS or lane_r + i * LPR < NVEC:
+                    v = lane_r + i * LPR
+                    if v < NVEC:
                         copy16_async(ring, chunk(stage, u * VPL + i, tid), key_cache,
-                                     kt + (u * TPW) * k_row + i * k_vec)
+                                     k_flat(key_cache, blk, kvh, off, v))
                         if STAGE_V:
                             copy16_async(ring, chunk(stage, (U + u) * VPL + i, tid), value_cache,
-                                         vt + (u * TPW) * v_row + i * v_vec_)
-        else:
-            for u in range(U):
-                t = min(max(s0 + u * TPW + g, lo), hi)
-                b = t // BLOCK_SIZE
-                blk = block_tables[seq, b]
-                off = t - b * BLOCK_SIZE
-                kt = kb0 + blk * k_blk + off * k_row
-                vt = vb0 + blk * v_blk + off * v_row
-                for i in range(VPL):
-                    if FULL_ROWS or lane_r + i * LPR < NVEC:
-                        copy16_async(ring, chunk(stage, u * VPL + i, tid), key_cache,
-                                     kt + i * k_vec)
-                        if STAGE_V:
-                            copy16_async(ring, chunk(stage, (U + u) * VPL + i, tid), value_cache,
-                                         vt + i * v_vec_)
+                                         v_flat(value_cache, blk, kvh, off, v))
         commit_group()
 
     @cuda.jit
@@ -330,40 +346,32 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
         red = cuda.local.array(N, float32)
         p = cuda.local.array(NF, float32)
 
-        # affine offsets of this lane's K/V vectors: base + blk * (block stride)
-        # + token offset * (row stride) + i * (vector stride)
-        krows = k_rows(key_cache, kvh, lane_r)
-        vrows = v_rows(value_cache, kvh, lane_r)
-        hi = end - 1
-
-        # this warp's steps: tokens [s0, s0 + STEP) for s0 = astart + (warp + j NW) STEP,
-        # astart = start rounded down to a multiple of STEP
-        astart = start - start % STEP
+        # this warp's steps: tokens [s0, s0 + STEP) for s0 = start + (warp + j NW) STEP
         nsteps = 0
-        if astart + warp * STEP < end:
-            nsteps = (end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP)
+        if start + warp * STEP < end:
+            nsteps = (end - start - warp * STEP + NW * STEP - 1) // (NW * STEP)
         for j in range(STAGES - 1):                 # fill the ring
             if j < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      astart + (warp + j * NW) * STEP, start, hi, j, g, lane_r, tid)
+                issue(ring, key_cache, value_cache, block_tables, seq, kvh,
+                      start + (warp + j * NW) * STEP, end, j, g, lane_r, tid)
             else:
                 commit_group()
-        stage = 0
-        nxt_stage = STAGES - 1
         for j in range(nsteps):
             nxt = j + STAGES - 1
             if nxt < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      astart + (warp + nxt * NW) * STEP, start, hi, nxt_stage, g, lane_r, tid)
+                issue(ring, key_cache, value_cache, block_tables, seq, kvh,
+                      start + (warp + nxt * NW) * STEP, end, nxt % STAGES, g, lane_r, tid)
             else:
                 commit_group()
-            nxt_stage = nxt_stage + 1 if nxt_stage + 1 < STAGES else 0
             wait_stages()                           # this step's group has landed
-            s0 = astart + (warp + j * NW) * STEP
+            stage = j % STAGES
+            s0 = start + (warp + j * NW) * STEP
             # -- qk: partial dots of each token's key, then the transposing reduction
             for u in range(U):
+                valid = s0 + u * TPW + g < end
                 for i in range(VPL):
-                    if FULL_ROWS or lane_r + i * LPR < NVEC:
+                    v = lane_r + i * LPR
+                    if valid and v < NVEC:
                         load16(ring, chunk(stage, u * VPL + i, tid), kr, i * VEC)
                     else:
                         for e in range(VEC):
@@ -388,7 +396,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     u = idx % UP
                     t = s0 + u * TPW + g
                     z = NEG_INF
-                    if idx // UP < HPB and u < U and t >= start and t < end:
+                    if idx // UP < HPB and u < U and t < end:
                         z = red[a * UL + b]
                         if soft_cap > 0.0:
                             z = cap2 * math.tanh(z / cap2)
@@ -421,11 +429,12 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 t = s0 + u * TPW + g
                 for i in range(VPL):
                     v = lane_r + i * LPR
-                    if STAGE_V and (FULL_ROWS or v < NVEC):
-                        load16(ring, chunk(stage, (U + u) * VPL + i, tid), vr, i * VEC)
-                    elif not STAGE_V and t >= start and t < end and v < NVEC:
-                        v_vec(value_cache, block_tables[seq, t // BLOCK_SIZE], kvh,
-                              t % BLOCK_SIZE, v, vr, i * VEC)
+                    if t < end and v < NVEC:
+                        if STAGE_V:
+                            load16(ring, chunk(stage, (U + u) * VPL + i, tid), vr, i * VEC)
+                        else:
+                            v_vec(value_cache, block_tables[seq, t // BLOCK_SIZE], kvh,
+                                  t % BLOCK_SIZE, v, vr, i * VEC)
                     else:
                         for e in range(VEC):
                             vr[i * VEC + e] = 0.0
@@ -434,7 +443,6 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     pb = cuda.shfl_sync(FULL_MASK, p[src_slot(idx)], gbase + src_lane(idx))
                     for a in range(ACC):
                         acc[hh, a] += pb * vr[a]
-            stage = stage + 1 if stage + 1 < STAGES else 0
 
         # -- epilogue: the warp's state (token groups summed), then the warps merged
         for a in range(HL):
@@ -444,40 +452,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 if hh < HPB:
                     m_s[warp, hh] = m_run[a]
                     l_s[warp, hh] = l_run[a]
-        for hh in range(HPB):
-            for j in range(ACC):
-                acc[hh, j] = group_sum(acc[hh, j])
-        cuda.syncthreads()  # wait for every warp's (m, l)
-        for hh in range(HPB):
-            mx = NEG_INF
-            for w in range(NW):
-                mx = max(mx, m_s[w, hh])
-            total = float32(0.0)
-            if mx != NEG_INF:
-                for w in range(NW):
-                    if m_s[w, hh] != NEG_INF:
-                        total += l_s[w, hh] * math.exp2(m_s[w, hh] - mx)
-            f = float32(0.0)
-            if total > 0.0 and m_s[warp, hh] != NEG_INF:
-                f = math.exp2(m_s[warp, hh] - mx) / total
-            if g == 0:
-                for i in range(VPL):
-                    v = lane_r + i * LPR
-                    if v < NVEC:
-                        for e in range(VEC):
-                            acc_s[warp, v * VEC + e] = acc[hh, i * VEC + e] * f
-            cuda.syncthreads()  # wait for every warp's weighted row
-            for d in range(tid, HEAD_SIZE, NT):
-                o = float32(0.0)
-                for w in range(NW):
-                    o += acc_s[w, d]
-                out[seq, part, h0 + hh, d] = from_f32(o)
-            if tid == 0:
-                if total > 0.0:
-                    lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
-                else:
-                    lse[seq, part, h0 + hh] = NEG_INF
-            cuda.syncthreads()  # acc_s is free for the next head
+        merge_warps(out, lse, seq, part, h0, warp, tid, g, lane_r, acc, m_s, l_s, acc_s)
 
     return paged_decode_kernel
 

@@ -28,8 +28,7 @@ Structure:
 * P @ V in fp32 FMAs: lane ``(g, lr)`` accumulates value vector ``lr`` of
   its tokens for every head of the group; the running output is rescaled only
   when a head's maximum grew (a warp vote);
-* epilogue: token groups summed with shuffles, warps merged with the (m, l)
-  rule through shared memory, as in ``kernels.decode``.
+* epilogue: ``kernels.decode.warp_merger``, shared with that kernel.
 """
 import functools
 import math
@@ -39,7 +38,7 @@ from numba import cuda, float32, uint32
 from .access import device_function, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
-from .decode import FULL_MASK, LN2, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer
+from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
 from .mma import load_words, mma_m16n8k16
 from .vector import load16
 
@@ -104,7 +103,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     _, from_f32 = codec("float32" if split else dtype)
     quad_max = lane_reducer(3, True)            # over the 4 lanes of a head row
     quad_sum = lane_reducer(3, False)
-    group_sum = lane_reducer(31 & ~(LPR - 1), False)
+    merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32)
 
     def lane_rows(flat):
         @device_function
@@ -303,36 +302,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if c == 0 and r < HPB:
             m_s[warp, r] = m_run
             l_s[warp, r] = l_run
-        for hh in range(HPB):
-            for e in range(VEC):
-                acc[hh, e] = group_sum(acc[hh, e])
-        cuda.syncthreads()  # wait for every warp's (m, l)
-        for hh in range(HPB):
-            mx = NEG_INF
-            for w in range(NW):
-                mx = max(mx, m_s[w, hh])
-            total = float32(0.0)
-            if mx != NEG_INF:
-                for w in range(NW):
-                    if m_s[w, hh] != NEG_INF:
-                        total += l_s[w, hh] * math.exp2(m_s[w, hh] - mx)
-            f = float32(0.0)
-            if total > 0.0 and m_s[warp, hh] != NEG_INF:
-                f = math.exp2(m_s[warp, hh] - mx) / total
-            if g == 0:
-                for e in range(VEC):
-                    acc_s[warp, lr * VEC + e] = acc[hh, e] * f
-            cuda.syncthreads()  # wait for every warp's weighted row
-            for d in range(tid, D, NT):
-                o = float32(0.0)
-                for w in range(NW):
-                    o += acc_s[w, d]
-                out[seq, part, h0 + hh, d] = from_f32(o)
-            if tid == 0:
-                if total > 0.0:
-                    lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
-                else:
-                    lse[seq, part, h0 + hh] = NEG_INF
-            cuda.syncthreads()  # acc_s is free for the next head
+        merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
 
     return paged_decode_tc_kernel
