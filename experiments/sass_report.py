@@ -5,8 +5,13 @@ the toolkit's). Prints registers/spills from ``ptxas -v`` and, for the innermost
 loop bodies (the blocks between a label and the backward branch to it), the number
 of SASS instructions per opcode.
 
-Usage: python experiments/sass_report.py [--hs 128 --bs 16 --hpb 4 --dtype float16
-       --layout nhd --warps 4 --unroll 2 --stages 2 --split] [--dump FILE]
+Usage: CUDA_TOOLS=DIR python experiments/sass_report.py [--tensor-cores] [--hs 128 --bs 16
+       --hpb 4 --dtype float16 --layout nhd --warps 4 --unroll 2 --stages 2 --split]
+       [--dump FILE]
+
+DIR holds ptxas and cuobjdump of a CUDA toolkit at least as new as the libNVVM that
+numba-cuda uses (the PTX version must be one ptxas knows): e.g. the ``bin`` folders of the
+``nvidia-cuda-nvcc`` and ``nvidia-cuda-cuobjdump`` wheels unpacked into one place.
 """
 import argparse
 import collections
@@ -20,6 +25,7 @@ import tempfile
 from numba import cuda
 
 from paged_numba.kernels.decode import decode_kernel
+from paged_numba.kernels.decode_tc import decode_tc_kernel
 from paged_numba.kernels.specializations import decode_signatures
 
 
@@ -75,9 +81,14 @@ def main():
     ap.add_argument("--unroll", type=int, default=2)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--split", action="store_true")
+    ap.add_argument("--tensor-cores", action="store_true", help="kernels/decode_tc.py")
     ap.add_argument("--dump")
     a = ap.parse_args()
-    k = decode_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.unroll, a.stages, a.split)
+    if a.tensor_cores:
+        k = decode_tc_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.stages, a.split)
+    else:
+        k = decode_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.unroll, a.stages,
+                          a.split)
     ptx, _ = cuda.compile_ptx(k.py_func, decode_signatures(a.dtype, a.layout)[int(a.split)],
                               cc=(9, 0))
     info, dump = sass(ptx)
