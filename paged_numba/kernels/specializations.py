@@ -55,13 +55,16 @@ def decode_points(layouts=LAYOUTS, dtypes=DTYPES):
 
 def decode_tc_points():
     """``(head_size, block_size, heads_per_block, layout, dtype, split)`` of the
-    tensor-core decode kernel: every head size x layout x dtype (unsplit and
-    split) at block size 16 and four heads per block, then block sizes 1, 5,
-    8, 32 and heads per block 1, 3, 8 in "nhd" fp16."""
+    tensor-core decode kernel, one factor at a time around head size 128, block
+    size 16, four heads per block: every layout x dtype (unsplit and split),
+    the other head sizes (256 also split, bf16, "hnd": two warps per block),
+    block sizes 1, 5, 8, 32 and heads per block 1, 3, 8 in "nhd" fp16."""
     from . import decode_tc
 
-    points = [(hs, 16, 4, lay, dt, split) for hs, lay, dt, split in itertools.product(
-        decode_tc.HEAD_SIZES, decode_tc.LAYOUTS, decode_tc.DTYPES, (False, True))]
+    points = [(128, 16, 4, lay, dt, split) for lay, dt, split in itertools.product(
+        decode_tc.LAYOUTS, decode_tc.DTYPES, (False, True))]
+    points += [(hs, 16, 4, "nhd", "float16", False) for hs in decode_tc.HEAD_SIZES if hs != 128]
+    points += [(256, 16, 4, "hnd", "bfloat16", True)]
     points += [(128, bs, 4, "nhd", "float16", False) for bs in (1, 5, 8, 32)]
     points += [(128, 16, hpb, "nhd", "float16", False) for hpb in (1, 3, 8)]
     return points
