@@ -349,7 +349,7 @@ class DecodePlan:
     >>> cache = PagedKVCache(num_blocks=4, block_size=8, num_kv_heads=1, head_size=16)
     >>> plan = DecodePlan(cache, num_seqs=1, num_heads=2, max_blocks=2)
     >>> plan
-    DecodePlan(num_seqs=1, num_heads=2, head_size=16, heads_per_block=2, num_partitions=1, partition_size=16, scratch_bytes=0)
+    DecodePlan(num_seqs=1, num_heads=2, head_size=16, heads_per_block=2, num_partitions=1, partition_size=16, scratch_bytes=0, tensor_cores=False)
     >>> q = cuda.to_device(np.ones((1, 2, 16), np.float16))
     >>> table, lens = cuda.to_device(np.array([[3, 1]], np.int32)), cuda.to_device(np.array([9], np.int32))
     >>> plan.run(q, table, lens).copy_to_host().shape        # [num_seqs, num_heads, head_size]
@@ -465,4 +465,4 @@ class DecodePlan:
         return (f"DecodePlan(num_seqs={self.num_seqs}, num_heads={self.num_heads}, "
                 f"head_size={self.cache.head_size}, heads_per_block={self.heads_per_block}, "
                 f"num_partitions={self.num_partitions}, partition_size={self.partition_size}, "
-                f"scratch_bytes={self.scratch_bytes})")
+                f"scratch_bytes={self.scratch_bytes}, tensor_cores={self.tensor_cores})")
