@@ -112,7 +112,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
     ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
-    head size 32/64/128/256, value rows contiguous) unless ``tensor_cores`` is
+    head size 32/64/128/256) unless ``tensor_cores`` is
     False, else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll,
     stages)``; the tensor-core kernel has no ``unroll`` and halves
     ``num_warps`` until two ring stages fit in shared memory."""
@@ -125,7 +125,9 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                          f"{decode_tc.MAX_HPB} query heads per KV head and block, but got "
                          f"{dtype}, {layout!r}, head_size={head_size}, heads_per_block={hpb}.")
     if usable and tensor_cores is not False:
-        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages):
+        # the warps split the tokens, so they decide the rounding: choose them as for
+        # a layout that stages values too, so that every layout gives the same bits
+        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
             num_warps //= 2
         return decode_tc.decode_tc_kernel(*args, num_warps, stages, split), 32 * num_warps, True
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False

@@ -1,9 +1,9 @@
 """Paged decode attention with the q.k products on tensor cores (fp16/bf16 caches).
 
-Computes exactly what ``kernels.decode`` computes (see its NumPy spec, with
-the same arguments, grid and outputs); only the work split differs. For
-head sizes 32, 64, 128 and 256, KV-head groups of at most 8 query heads, and
-the layouts whose value rows are contiguous ("nhd", "hnd", "interleaved").
+Computes what ``kernels.decode`` computes (see its NumPy spec, with the
+same arguments, grid and outputs) with a different work split and rounding;
+every layout gives bit-identical results. For head sizes 32, 64, 128 and
+256, KV-head groups of at most 8 query heads, and every layout.
 
 Structure:
 
@@ -14,8 +14,10 @@ Structure:
 * copies: each lane ``cp.async``-copies into its own slots of a shared-memory
   ring, ``STAGES - 1`` steps ahead, the 16-byte key vectors ``c, c + 4, ...``
   of token ``r`` of the step (``r = lane // 4``, ``c = lane % 4``) and the
-  value vector ``lane % LPR`` of its tokens ``lane // LPR + k * TG``. Tokens
-  outside the partition copy a neighbour inside it (finite data, masked out);
+  value vector ``lane % LPR`` of its tokens ``lane // LPR + k * TG`` (the
+  "vllm" layout's value rows are strided: it reads them directly when it
+  needs them). Tokens outside the partition copy a neighbour inside it
+  (finite data, masked out);
 * logits: ``S = Q K^T`` for the step's 8 tokens is ``D / 16`` tensor-core
   products ``mma.m16n8k16`` with the group's query rows as ``A`` (loaded once,
   rows ``HPB..15`` zero) and the keys as ``B``. The head dimension is
@@ -35,7 +37,7 @@ import math
 
 from numba import cuda, float32, uint32
 
-from .access import device_function, vector_offsets
+from .access import device_function, vector_accessors, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
@@ -43,7 +45,7 @@ from .mma import load_words, mma_m16n8k16
 from .vector import load16
 
 HEAD_SIZES = (32, 64, 128, 256)
-LAYOUTS = ("nhd", "hnd", "interleaved")
+LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
@@ -55,11 +57,11 @@ def supports(head_size, heads_per_block, dtype, layout):
             and layout in LAYOUTS)
 
 
-def ring_stages(head_size, num_warps, stages):
+def ring_stages(head_size, num_warps, stages, layout):
     """Ring depth that fits the static shared memory (0 if not even 2 fit)."""
     nvec = head_size // 8
     lpr = min(32, nvec)
-    cps = nvec // 4 + STEP * lpr // 32          # key + value chunks per lane and step
+    cps = nvec // 4 + (STEP * lpr // 32 if layout != "vllm" else 0)   # chunks per lane, step
     room = SHARED_BYTES - 4 * (num_warps * head_size + 3 * num_warps * MAX_HPB
                                + num_warps * STEP * MAX_HPB) - 512
     fit = room // (cps * 32 * num_warps * 16)
@@ -90,14 +92,16 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     TPL = STEP // TG                      # value tokens per lane and step
     NW = num_warps
     NT = 32 * NW
-    STAGES = ring_stages(D, NW, stages)
+    STAGES = ring_stages(D, NW, stages, layout)
+    STAGE_V = layout != "vllm"            # "vllm" value rows are strided: read directly
     assert STAGES >= 2, "the copy ring does not fit: use fewer warps"
-    CPS = KV4 + TPL                       # 16-byte chunks per lane and step
+    CPS = KV4 + (TPL if STAGE_V else 0)   # 16-byte chunks per lane and step
     RING = STAGES * CPS * NT * VEC
     ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
     SMEM_T = STORAGE[dtype]
-    KV_HEAD_AXIS = {"nhd": 2, "hnd": 1, "interleaved": 3}[layout]
+    KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
+    _, v_vec = vector_accessors(layout, dtype)
     wait_stages = wait_group(STAGES - 1)
     mma = mma_m16n8k16(dtype)
     _, from_f32 = codec("float32" if split else dtype)
@@ -108,13 +112,15 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     def lane_rows(flat):
         @device_function
         def rows(pool, kvh, vec):
-            """``(base, block stride, token stride)`` of vector ``vec`` of ``kvh``."""
+            """``(base, block stride, token stride, stride to vector vec + 4)`` of
+            vector ``vec`` of ``kvh``."""
             b0 = flat(pool, 0, kvh, 0, vec)
-            return b0, flat(pool, 1, kvh, 0, vec) - b0, flat(pool, 0, kvh, 1, vec) - b0
+            return (b0, flat(pool, 1, kvh, 0, vec) - b0, flat(pool, 0, kvh, 1, vec) - b0,
+                    flat(pool, 0, kvh, 0, vec + 4) - b0)
         return rows
 
     k_rows = lane_rows(k_flat)
-    v_rows = lane_rows(v_flat)
+    v_rows = lane_rows(v_flat if STAGE_V else k_flat)
 
     @device_function
     def chunk(stage, c, tid):
@@ -127,8 +133,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         """Copy the step's key vectors (token ``s0 + r``) and value vectors
         (tokens ``s0 + g + k * TG``) into ``stage`` of the ring, as one group;
         tokens outside ``[lo, hi]`` copy token ``lo`` or ``hi`` instead."""
-        kb0, k_blk, k_tok = krows
-        vb0, v_blk, v_tok = vrows
+        kb0, k_blk, k_tok, k_v4 = krows
+        vb0, v_blk, v_tok, _ = vrows
         if ONE_BLOCK and s0 >= lo and s0 + STEP - 1 <= hi:
             b = s0 // BLOCK_SIZE
             blk = block_tables[seq, b]
@@ -136,20 +142,23 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             kt = kb0 + blk * k_blk + (off + r) * k_tok
             vt = vb0 + blk * v_blk + (off + g) * v_tok
             for i in range(KV4):
-                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + (4 * i) * VEC)
-            for k in range(TPL):
-                copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt + (k * TG) * v_tok)
+                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
+            if STAGE_V:
+                for k in range(TPL):
+                    copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache,
+                                 vt + (k * TG) * v_tok)
         else:
             t = min(max(s0 + r, lo), hi)
             b = t // BLOCK_SIZE
             kt = kb0 + block_tables[seq, b] * k_blk + (t - b * BLOCK_SIZE) * k_tok
             for i in range(KV4):
-                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + (4 * i) * VEC)
-            for k in range(TPL):
-                t = min(max(s0 + g + k * TG, lo), hi)
-                b = t // BLOCK_SIZE
-                vt = vb0 + block_tables[seq, b] * v_blk + (t - b * BLOCK_SIZE) * v_tok
-                copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
+                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
+            if STAGE_V:
+                for k in range(TPL):
+                    t = min(max(s0 + g + k * TG, lo), hi)
+                    b = t // BLOCK_SIZE
+                    vt = vb0 + block_tables[seq, b] * v_blk + (t - b * BLOCK_SIZE) * v_tok
+                    copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
         commit_group()
 
     @cuda.jit
@@ -289,7 +298,12 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     for e in range(VEC):
                         acc[hh, e] *= pr[hh]
             for k in range(TPL):
-                load16(ring, chunk(stage, KV4 + k, tid), vr, 0)
+                if STAGE_V:
+                    load16(ring, chunk(stage, KV4 + k, tid), vr, 0)
+                else:   # a token outside [start, end) reads a neighbour inside (p = 0)
+                    t = min(max(s0 + g + k * TG, start), hi)
+                    b = t // BLOCK_SIZE
+                    v_vec(value_cache, block_tables[seq, b], kvh, t - b * BLOCK_SIZE, lr, vr, 0)
                 for h4 in range(0, HP4, 4):
                     load16(p_s, (warp * STEP + g + k * TG) * MAX_HPB + h4, pr, h4)
                 for hh in range(HPB):
