@@ -5,7 +5,7 @@ the toolkit's). Prints registers/spills from ``ptxas -v`` and, for the innermost
 loop bodies (the blocks between a label and the backward branch to it), the number
 of SASS instructions per opcode.
 
-Usage: CUDA_TOOLS=DIR python experiments/sass_report.py [--tensor-cores] [--hs 128 --bs 16
+Usage: PYTHONPATH=. CUDA_TOOLS=DIR python experiments/sass_report.py [--tensor-cores] [--hs 128 --bs 16
        --hpb 4 --dtype float16 --layout nhd --warps 4 --unroll 2 --stages 2 --split]
        [--dump FILE]
 
@@ -30,10 +30,9 @@ from paged_numba.kernels.specializations import decode_signatures
 
 
 def tool(name):
-    for d in (os.environ.get("CUDA_TOOLS", ""),):
-        if d and os.path.exists(os.path.join(d, name)):
-            return os.path.join(d, name)
-    return shutil.which(name) or sys.exit(f"{name} not found (set CUDA_TOOLS)")
+    path = os.path.join(os.environ.get("CUDA_TOOLS", ""), name)
+    return path if os.path.exists(path) else (
+        shutil.which(name) or sys.exit(f"{name} not found (set CUDA_TOOLS)"))
 
 
 def sass(ptx, arch="sm_90"):

@@ -7,6 +7,7 @@ from numba import cuda, float32, uint32
 
 import paged_numba  # noqa: F401  (simulator warp operations)
 from paged_numba.kernels.mma import load_words, mma_m16n8k16
+from paged_numba.testing import TENSOR_CORE_U
 
 
 def _words(pairs):
@@ -57,10 +58,9 @@ def test_mma_m16n8k16_is_a_times_b_plus_c(dtype):
         r, q = divmod(lane, 4)
         d[r, 2 * q:2 * q + 2], d[r + 8, 2 * q:2 * q + 2] = got[lane, :2], got[lane, 2:]
     exact = a.astype(np.float64) @ b.astype(np.float64) + c
-    # products are exact in fp32; 16 terms + C summed with at most 4 units of fp32
-    # roundoff each (testing.TENSOR_CORE_U)
+    # products are exact in fp32; 16 terms + C summed with at most TENSOR_CORE_U each
     mags = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + np.abs(c)
-    assert (np.abs(d - exact) <= 17 * 4 * 2.0 ** -24 * mags).all()
+    assert (np.abs(d - exact) <= 17 * TENSOR_CORE_U * mags).all()
 
 
 def test_load_words_returns_the_raw_16_bytes():

@@ -9,6 +9,7 @@ from numba.np.numpy_support import from_dtype
 
 from .._arrays import storage_dtype
 from ..layouts import vector_width
+from . import decode_tc
 from .decode import decode_kernel
 from .merge import merge_kernel
 from .write_kv import write_kv_kernel
@@ -59,8 +60,6 @@ def decode_tc_points():
     size 16, four heads per block: every layout x dtype (unsplit and split),
     the other head sizes (256 also split, bf16, "hnd": two warps per block),
     block sizes 1, 5, 8, 32 and heads per block 1, 3, 8 in "nhd" fp16."""
-    from . import decode_tc
-
     points = [(128, 16, 4, lay, dt, split) for lay, dt, split in itertools.product(
         decode_tc.LAYOUTS, decode_tc.DTYPES, (False, True))]
     points += [(hs, 16, 4, "nhd", "float16", False) for hs in decode_tc.HEAD_SIZES if hs != 128]
