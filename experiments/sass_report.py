@@ -35,12 +35,13 @@ def tool(name):
         shutil.which(name) or sys.exit(f"{name} not found (set CUDA_TOOLS)"))
 
 
-def sass(ptx, arch="sm_90"):
+def sass(ptx, arch="sm_90", max_registers=None):
     with tempfile.TemporaryDirectory() as d:
         src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(src, "w") as f:
             f.write(ptx)
-        info = subprocess.run([tool("ptxas"), "-v", f"-arch={arch}", "-O3", src, "-o", cubin],
+        info = subprocess.run([tool("ptxas"), "-v", f"-arch={arch}", "-O3", src, "-o", cubin]
+                              + ([f"-maxrregcount={max_registers}"] if max_registers else []),
                               capture_output=True, text=True, check=True).stderr
         dump = subprocess.run([tool("cuobjdump"), "-sass", cubin], capture_output=True,
                               text=True, check=True).stdout
@@ -81,16 +82,22 @@ def main():
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--split", action="store_true")
     ap.add_argument("--tensor-cores", action="store_true", help="kernels/decode_tc.py")
+    ap.add_argument("--max-registers", type=int, help="ptxas -maxrregcount")
+    ap.add_argument("--chains", type=int, default=1, help="tensor-core kernel's mma chains")
+    ap.add_argument("--unroll-pv", action="store_true", help="tensor-core kernel's P @ V unrolled")
+    ap.add_argument("--prefetch", action="store_true", help="tensor-core kernel's table prefetch")
     ap.add_argument("--dump")
     a = ap.parse_args()
     if a.tensor_cores:
-        k = decode_tc_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.stages, a.split)
+        k = decode_tc_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.stages, a.split,
+                             chains=a.chains, unroll_pv=a.unroll_pv,
+                             prefetch=a.prefetch)
     else:
         k = decode_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.unroll, a.stages,
                           a.split)
     ptx, _ = cuda.compile_ptx(k.py_func, decode_signatures(a.dtype, a.layout)[int(a.split)],
                               cc=(9, 0))
-    info, dump = sass(ptx)
+    info, dump = sass(ptx, max_registers=a.max_registers)
     print(" ".join(ln.strip() for ln in info.splitlines() if "registers" in ln or "spill" in ln))
     if a.dump:
         with open(a.dump, "w") as f:

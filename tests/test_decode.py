@@ -246,14 +246,24 @@ def test_variant_arguments_are_checked(kwargs, message):
         pn.paged_decode(q, cache, p.block_tables, p.seq_lens, **kwargs)
 
 
-@settings(max_examples=6 if SIM else 200)   # five launches per example
-@given(decode_problems(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, max_kv_heads=2,
-                       groups=(1, 2), layouts=("nhd",)) if SIM else
-       decode_problems(max_seq_len=1000, max_seqs=4, layouts=("nhd",)))
-def test_layouts_and_page_table_forms_agree(p):
+# On a GPU one test per (head size, block size, dtype): each compiles the four
+# layouts' kernels once (drawing those parameters per example compiled hundreds)
+LAYOUT_CONFIGS = ([dict(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, groups=(1, 2))] if SIM
+                  else [dict(head_sizes=(hs,), block_sizes=(bs,), dtypes=(dt,), groups=(1, 4),
+                             max_seq_len=1000, max_seqs=4)
+                        for hs, bs, dt in itertools.product((64, 72, 128, 256), (1, 5, 16),
+                                                            ("float16", "bfloat16", "float32"))])
+
+
+@pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=lambda c: config_id(
+    {k: v for k, v in c.items() if k.endswith("s") and k != "max_seqs"}))
+@settings(max_examples=6) if SIM else (lambda f: f)   # five launches per example
+@given(data=st.data())
+def test_layouts_and_page_table_forms_agree(config, data):
     """The same tokens in every layout, and the table in padded or CSR form,
     give the same output bit for bit."""
     from paged_numba.page_tables import padded_to_csr
+    p = data.draw(decode_problems(max_kv_heads=2, layouts=("nhd",), **config), label="problem")
     q, k, v = p.arrays()
     outs = []
     for layout in LAYOUTS:

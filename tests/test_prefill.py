@@ -113,13 +113,36 @@ def test_prefill_matches_reference(config, data):
     check_prefill(p, causal, data.draw(TILINGS, label="tiling"), **extra)
 
 
-@settings(max_examples=3 if SIM else 100)
-@given(prefill_problems(**dict(SHAPES, head_sizes=(16,), max_q_len=1, max_cached=30, max_seqs=2,
-                               dtypes=("float16", "float32")) if SIM else
-                        dict(SHAPES, max_q_len=1, dtypes=("float16", "float32"))), st.booleans())
-def test_one_query_per_sequence_matches_decode(p, windowed):
+# On a GPU the two properties below are one test per compile-time configuration
+# (drawing those per example compiled hundreds of kernels in one test)
+ONE_QUERY_CONFIGS = ([dict(head_sizes=(16,), max_cached=30, max_seqs=2)] if SIM else
+                     [dict(head_sizes=(hs,), block_sizes=(bs,), dtypes=(dt,), layouts=(lay,),
+                           groups=(1, 4))
+                      for hs, bs, dt, lay in itertools.product(
+                          (64, 128), (1, 16), ("float16", "float32"), ("nhd", "hnd"))])
+LAYOUT_CONFIGS = ([dict(head_sizes=(16,), max_q_len=12, max_cached=12)] if SIM else
+                  [dict(head_sizes=(hs,), block_sizes=(bs,), dtypes=(dt,), groups=(1, 4))
+                   for hs, bs, dt in itertools.product((64, 72, 128, 256), (1, 16),
+                                                       ("float16", "bfloat16", "float32"))])
+
+
+def _shapes(config, **fixed):
+    return {**SHAPES, **fixed, **config}
+
+
+def _short_id(c):
+    return config_id({k: v for k, v in c.items() if k.endswith("s") and not k.startswith("max")})
+
+
+@pytest.mark.parametrize("config", ONE_QUERY_CONFIGS, ids=_short_id)
+@settings(max_examples=3) if SIM else (lambda f: f)
+@given(data=st.data())
+def test_one_query_per_sequence_matches_decode(config, data):
     """With one query per sequence, prefill is decode: both within their bounds
     of the same reference, hence within the sum of the bounds of each other."""
+    p = data.draw(prefill_problems(**_shapes(config, max_q_len=1, dtypes=("float16", "float32"))),
+                  label="problem")
+    windowed = data.draw(st.booleans(), label="windowed")
     q, k, v = p.arrays()
     kc, vc = p.layout_pools(k, v)
     cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
@@ -132,13 +155,14 @@ def test_one_query_per_sequence_matches_decode(p, windowed):
     check_close(pre, dec.astype(np.float64), 3 * bound + np.spacing(np.abs(ref)).astype(np.float64))
 
 
-@settings(max_examples=3 if SIM else 100)   # five launches per example
-@given(prefill_problems(**dict(SHAPES, head_sizes=(16,), layouts=("nhd",), max_q_len=12,
-                               max_cached=12) if SIM else dict(SHAPES, layouts=("nhd",))),
-       TILINGS)
-def test_layouts_and_page_table_forms_agree(p, tiling):
+@pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=_short_id)
+@settings(max_examples=3) if SIM else (lambda f: f)   # five launches per example
+@given(data=st.data())
+def test_layouts_and_page_table_forms_agree(config, data):
     """The same tokens in every layout, and the table in padded or CSR form,
     give the same output bit for bit."""
+    p = data.draw(prefill_problems(**_shapes(config, layouts=("nhd",))), label="problem")
+    tiling = data.draw(TILINGS, label="tiling")
     q, k, v = p.arrays()
     outs = []
     for layout in LAYOUTS:

@@ -35,7 +35,7 @@ Structure:
 import functools
 import math
 
-from numba import cuda, float32, uint32
+from numba import config, cuda, float32, int32, uint32
 
 from .access import device_function, vector_accessors, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
@@ -70,7 +70,8 @@ def ring_stages(head_size, num_warps, stages, layout):
 
 @functools.cache
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
-                     num_warps=4, stages=2, split=False):
+                     num_warps=4, stages=2, split=False, max_registers=None, chains=1,
+                     unroll_pv=False, prefetch=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads)."""
@@ -99,6 +100,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     RING = STAGES * CPS * NT * VEC
     ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
     SMEM_T = STORAGE[dtype]
+    PREFETCH = prefetch and ONE_BLOCK     # block numbers of 32 steps held one per lane
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
     _, v_vec = vector_accessors(layout, dtype)
@@ -128,8 +130,18 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         return ((stage * CPS + c) * NT + tid) * VEC
 
     @device_function
+    def step_blocks(block_tables, seq, astart, warp, j0, end, lane):
+        """Lane ``lane``'s entry of the warp's block-number window: the block
+        of the first token of step ``j0 + lane`` (0 past the end)."""
+        s = astart + (warp + (j0 + lane) * NW) * STEP
+        blk = int32(0)
+        if s < end:
+            blk = block_tables[seq, s // BLOCK_SIZE]
+        return blk
+
+    @device_function
     def issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows, s0, lo, hi,
-              stage, r, g, tid):
+              stage, r, g, tid, blk):
         """Copy the step's key vectors (token ``s0 + r``) and value vectors
         (tokens ``s0 + g + k * TG``) into ``stage`` of the ring, as one group;
         tokens outside ``[lo, hi]`` copy token ``lo`` or ``hi`` instead."""
@@ -137,7 +149,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         vb0, v_blk, v_tok, _ = vrows
         if ONE_BLOCK and s0 >= lo and s0 + STEP - 1 <= hi:
             b = s0 // BLOCK_SIZE
-            blk = block_tables[seq, b]
+            if not PREFETCH:
+                blk = block_tables[seq, b]
             off = s0 - b * BLOCK_SIZE
             kt = kb0 + blk * k_blk + (off + r) * k_tok
             vt = vb0 + blk * v_blk + (off + g) * v_tok
@@ -161,7 +174,25 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
         commit_group()
 
-    @cuda.jit
+    @device_function
+    def pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                 value_cache, block_tables, seq, kvh, lr):
+        """Add value token ``g + k * TG`` of the step, weighted by each head's
+        probability, to the lane's running outputs."""
+        if STAGE_V:
+            load16(ring, chunk(stage, KV4 + k, tid), vr, 0)
+        else:   # a token outside [start, end) reads a neighbour inside (p = 0)
+            t = min(max(s0 + g + k * TG, start), hi)
+            b = t // BLOCK_SIZE
+            v_vec(value_cache, block_tables[seq, b], kvh, t - b * BLOCK_SIZE, lr, vr, 0)
+        for h4 in range(0, HP4, 4):
+            load16(p_s, (warp * STEP + g + k * TG) * MAX_HPB + h4, pr, h4)
+        for hh in range(HPB):
+            for e in range(VEC):
+                acc[hh, e] += pr[hh] * vr[e]
+
+    @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
+                 else dict(max_registers=max_registers)))
     def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
         hb = cuda.blockIdx.x
@@ -228,19 +259,30 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         nsteps = 0
         if astart + warp * STEP < end:
             nsteps = (end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP)
+        tab_win = int32(0)
+        if PREFETCH:
+            tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
         for j in range(STAGES - 1):                 # fill the ring
+            blk = int32(0)
+            if PREFETCH:
+                blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
             if j < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      astart + (warp + j * NW) * STEP, start, hi, j, r, g, tid)
+                      astart + (warp + j * NW) * STEP, start, hi, j, r, g, tid, blk)
             else:
                 commit_group()
         stage = 0
         nxt_stage = STAGES - 1
         for j in range(nsteps):
             nxt = j + STAGES - 1
+            blk = int32(0)
+            if PREFETCH:
+                if nxt % 32 == 0:
+                    tab_win = step_blocks(block_tables, seq, astart, warp, nxt, end, lane)
+                blk = cuda.shfl_sync(FULL_MASK, tab_win, nxt % 32)
             if nxt < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      astart + (warp + nxt * NW) * STEP, start, hi, nxt_stage, r, g, tid)
+                      astart + (warp + nxt * NW) * STEP, start, hi, nxt_stage, r, g, tid, blk)
             else:
                 commit_group()
             nxt_stage = nxt_stage + 1 if nxt_stage + 1 < STAGES else 0
@@ -254,9 +296,22 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             d1 = float32(0.0)
             d2 = float32(0.0)
             d3 = float32(0.0)
+            e0 = float32(0.0)
+            e1 = float32(0.0)
+            e2 = float32(0.0)
+            e3 = float32(0.0)
             for kk in range(KSTEPS):
-                d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
-                                     kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
+                if chains == 1 or kk % 2 == 0:
+                    d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
+                                         kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
+                else:
+                    e0, e1, e2, e3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
+                                         kw[2 * kk], kw[2 * kk + 1], e0, e1, e2, e3)
+            if chains != 1:
+                d0 += e0
+                d1 += e1
+                d2 += e2
+                d3 += e3
             # -- online softmax (variants in order: soft cap, ALiBi; then the mask)
             t0 = s0 + 2 * c
             z0 = d0 * qscale
@@ -297,18 +352,25 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 for hh in range(HPB):
                     for e in range(VEC):
                         acc[hh, e] *= pr[hh]
-            for k in range(TPL):
-                if STAGE_V:
-                    load16(ring, chunk(stage, KV4 + k, tid), vr, 0)
-                else:   # a token outside [start, end) reads a neighbour inside (p = 0)
-                    t = min(max(s0 + g + k * TG, start), hi)
-                    b = t // BLOCK_SIZE
-                    v_vec(value_cache, block_tables[seq, b], kvh, t - b * BLOCK_SIZE, lr, vr, 0)
-                for h4 in range(0, HP4, 4):
-                    load16(p_s, (warp * STEP + g + k * TG) * MAX_HPB + h4, pr, h4)
-                for hh in range(HPB):
-                    for e in range(VEC):
-                        acc[hh, e] += pr[hh] * vr[e]
+            if not unroll_pv:
+                for k in range(TPL):
+                    pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                             value_cache, block_tables, seq, kvh, lr)
+            else:
+                pv_token(0, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                         value_cache, block_tables, seq, kvh, lr)
+                if TPL > 1:
+                    pv_token(1, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                             value_cache, block_tables, seq, kvh, lr)
+                if TPL > 2:
+                    pv_token(2, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                             value_cache, block_tables, seq, kvh, lr)
+                    pv_token(3, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                             value_cache, block_tables, seq, kvh, lr)
+                if TPL > 4:
+                    for k in range(4, TPL):
+                        pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
+                                 value_cache, block_tables, seq, kvh, lr)
             stage = stage + 1 if stage + 1 < STAGES else 0
 
         # -- epilogue: the warp's state, then the warps merged with the (m, l) rule
