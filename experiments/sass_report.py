@@ -83,15 +83,15 @@ def main():
     ap.add_argument("--split", action="store_true")
     ap.add_argument("--tensor-cores", action="store_true", help="kernels/decode_tc.py")
     ap.add_argument("--max-registers", type=int, help="ptxas -maxrregcount")
-    ap.add_argument("--chains", type=int, default=1, help="tensor-core kernel's mma chains")
-    ap.add_argument("--unroll-pv", action="store_true", help="tensor-core kernel's P @ V unrolled")
-    ap.add_argument("--prefetch", action="store_true", help="tensor-core kernel's table prefetch")
+    ap.add_argument("--rolled-pv", action="store_true", help="tensor-core kernel's P @ V as a loop")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="tensor-core kernel without its block-number prefetch")
     ap.add_argument("--dump")
     a = ap.parse_args()
     if a.tensor_cores:
         k = decode_tc_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.stages, a.split,
-                             chains=a.chains, unroll_pv=a.unroll_pv,
-                             prefetch=a.prefetch)
+                             unroll_pv=not a.rolled_pv, prefetch=not a.no_prefetch,
+                             max_registers=a.max_registers)
     else:
         k = decode_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.unroll, a.stages,
                           a.split)

@@ -31,6 +31,23 @@ SHARED_PER_SM = 228 * 1024
 SIMULATED_RESIDENT_BLOCKS = 3    # what resident_blocks says under the simulator
 
 
+REGISTER_SLACK = 8               # registers per thread register_cap may take away
+
+
+def blocks_by_registers(regs, threads):
+    """Thread blocks of ``threads`` threads using ``regs`` registers each that
+    the register file holds (allocated per warp in units of 256).
+
+    >>> blocks_by_registers(131, 128), blocks_by_registers(128, 128)
+    (3, 4)
+    """
+    return REGS_PER_SM // max(-(-regs * 32 // 256) * 256 * (threads // 32), 1)
+
+
+def _blocks_by_shared(kernel):
+    return SHARED_PER_SM // max(kernel.shared_mem_per_block + 1024, 1)   # + driver reserve
+
+
 def resident_blocks(dispatcher, argtypes, threads):
     """Thread blocks of ``dispatcher``, compiled for the numba types
     ``argtypes``, that fit on one multiprocessor at once, from its registers
@@ -39,10 +56,35 @@ def resident_blocks(dispatcher, argtypes, threads):
     if config.ENABLE_CUDASIM:
         return SIMULATED_RESIDENT_BLOCKS
     kernel = dispatcher.compile(tuple(argtypes))
-    regs = -(-kernel.regs_per_thread * 32 // 256) * 256 * (threads // 32)   # per-warp granule
-    by_regs = REGS_PER_SM // max(regs, 1)
-    by_shared = SHARED_PER_SM // max(kernel.shared_mem_per_block + 1024, 1)   # + driver reserve
-    return max(1, min(by_regs, by_shared, 64 * 32 // threads, 32))
+    by_regs = blocks_by_registers(kernel.regs_per_thread, threads)
+    return max(1, min(by_regs, _blocks_by_shared(kernel), 64 * 32 // threads, 32))
+
+
+def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
+    """The register limit at which one more thread block of ``threads``
+    threads, now using ``regs`` registers each, fits on a multiprocessor, or
+    None: only when the register file is what limits it, ``by_shared`` (the
+    blocks shared memory allows) and the warp limit have room for one more,
+    and the limit is at most ``slack`` registers below ``regs`` (a few spills).
+
+    >>> register_limit(131, 128, by_shared=6)      # 3 -> 4 blocks of 4 warps
+    128
+    >>> register_limit(131, 128, by_shared=3) is None, register_limit(184, 64, 6) is None
+    (True, True)
+    """
+    more = blocks_by_registers(regs, threads) + 1
+    cap = REGS_PER_SM // (more * threads) // 8 * 8
+    fits = by_shared >= more and more * threads <= 64 * 32 and more <= 32
+    return cap if fits and regs - slack <= cap < regs else None
+
+
+def register_cap(dispatcher, argtypes, threads):
+    """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes``
+    (None under the simulator)."""
+    if config.ENABLE_CUDASIM:
+        return None
+    kernel = dispatcher.compile(tuple(argtypes))
+    return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel))
 
 
 class PackedLaunch:

@@ -114,8 +114,10 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
     head size 32/64/128/256) unless ``tensor_cores`` is
     False, else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll,
-    stages)``; the tensor-core kernel has no ``unroll`` and halves
-    ``num_warps`` until two ring stages fit in shared memory."""
+    stages)``; the tensor-core kernel has no ``unroll``, halves
+    ``num_warps`` until two ring stages fit in shared memory, and is compiled
+    with a register limit where a few registers fewer buy one more resident
+    thread block (``_launch.register_cap``)."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     usable = decode_tc.supports(head_size, hpb, dtype, layout)
@@ -129,7 +131,13 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         # a layout that stages values too, so that every layout gives the same bits
         while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
             num_warps //= 2
-        return decode_tc.decode_tc_kernel(*args, num_warps, stages, split), 32 * num_warps, True
+        kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split)
+        # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
+        cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
+                                   32 * num_warps)
+        if cap is not None:
+            kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap)
+        return kernel, 32 * num_warps, True
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
 
 

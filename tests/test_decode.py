@@ -114,6 +114,35 @@ def test_decode_independent_of_block_placement(config, data):
     assert np.array_equal(out, out2)
 
 
+@pytest.mark.parametrize("num_partitions", [1, 2])
+def test_tensor_core_block_prefetch_crosses_windows(num_partitions, monkeypatch):
+    """The tensor-core kernel's lanes hold the block numbers of the warp's next
+    32 steps. With one warp per thread block that warp takes every 8-token
+    step, so 300 tokens cross a window (two partitions put an edge at token
+    150, inside a step): within the reference's bound, and bit for bit the
+    kernel that reads every block number from the table."""
+    from numba import cuda
+    from paged_numba.kernels import decode_tc
+    table = np.random.default_rng(3).permutation(21)[:19].reshape(1, 19)
+    p = _problem([300], table, 16, head_size=32, num_heads=2, num_kv_heads=1)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    args = [cuda.to_device(a) for a in (q, p.block_tables, p.seq_lens)]
+
+    def run():
+        plan = pn.DecodePlan(cache, 1, 2, 19, num_partitions=num_partitions, num_warps=1)
+        assert plan.tensor_cores and plan.num_partitions == num_partitions
+        return plan.run(*args).copy_to_host()
+
+    out = run()
+    ref, _, bound, _ = decode_reference(p, q, k, v, num_partitions=num_partitions)
+    check_close(out, ref, bound)
+    factory = decode_tc.decode_tc_kernel
+    monkeypatch.setattr(decode_tc, "decode_tc_kernel", lambda *a, **kw: factory(
+        *a, **{**kw, "prefetch": False}))
+    assert np.array_equal(run(), out)
+
+
 def test_empty_sequence_gets_zeros():
     p = _problem([0, 5, 0], [[-1], [3], [-1]], 8, head_size=16)
     (q, k, v), out, lse = run_decode(p)

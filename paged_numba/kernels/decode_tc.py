@@ -17,7 +17,10 @@ Structure:
   value vector ``lane % LPR`` of its tokens ``lane // LPR + k * TG`` (the
   "vllm" layout's value rows are strided: it reads them directly when it
   needs them). Tokens outside the partition copy a neighbour inside it
-  (finite data, masked out);
+  (finite data, masked out). Where a step lies in one block (block sizes
+  that are multiples of 8), lane ``i`` holds the block number of the warp's
+  step ``32 n + i`` and a step takes its own with one shuffle, so the copies
+  do not wait for a table load;
 * logits: ``S = Q K^T`` for the step's 8 tokens is ``D / 16`` tensor-core
   products ``mma.m16n8k16`` with the group's query rows as ``A`` (loaded once,
   rows ``HPB..15`` zero) and the keys as ``B``. The head dimension is
@@ -70,11 +73,15 @@ def ring_stages(head_size, num_warps, stages, layout):
 
 @functools.cache
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
-                     num_warps=4, stages=2, split=False, max_registers=None, chains=1,
-                     unroll_pv=False, prefetch=False):
+                     num_warps=4, stages=2, split=False, max_registers=None,
+                     unroll_pv=True, prefetch=True):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
-    threads)."""
+    threads). ``max_registers`` caps the registers per thread (ptxas spills
+    the rest); ``unroll_pv`` writes the P @ V token loop out; ``prefetch``
+    keeps the block numbers of the warp's next 32 steps in its lanes (block
+    sizes that are multiples of 8). None of the three changes the arithmetic:
+    outputs are bit-identical either way."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
@@ -296,22 +303,9 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             d1 = float32(0.0)
             d2 = float32(0.0)
             d3 = float32(0.0)
-            e0 = float32(0.0)
-            e1 = float32(0.0)
-            e2 = float32(0.0)
-            e3 = float32(0.0)
             for kk in range(KSTEPS):
-                if chains == 1 or kk % 2 == 0:
-                    d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
-                                         kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
-                else:
-                    e0, e1, e2, e3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
-                                         kw[2 * kk], kw[2 * kk + 1], e0, e1, e2, e3)
-            if chains != 1:
-                d0 += e0
-                d1 += e1
-                d2 += e2
-                d3 += e3
+                d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
+                                     kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
             # -- online softmax (variants in order: soft cap, ALiBi; then the mask)
             t0 = s0 + 2 * c
             z0 = d0 * qscale
