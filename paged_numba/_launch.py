@@ -10,6 +10,7 @@ which is why numba-cuda is pinned to 0.30.x. Under the simulator it falls
 back to an ordinary launch.
 """
 import ctypes
+import functools
 
 from numba import config, cuda
 
@@ -78,9 +79,10 @@ def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
     return cap if fits and regs - slack <= cap < regs else None
 
 
+@functools.cache
 def register_cap(dispatcher, argtypes, threads):
-    """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes``
-    (None under the simulator)."""
+    """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes`` (a
+    tuple; None under the simulator)."""
     if config.ENABLE_CUDASIM:
         return None
     kernel = dispatcher.compile(tuple(argtypes))
