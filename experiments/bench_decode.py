@@ -129,11 +129,16 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
             calls = [lambda p=p, q=q, t=t: p.run(q, t, lens, stream=torch.cuda.current_stream())
                      for p, q, t in zip(plans, queries, tabs)]
             us = graph_time(calls, reps)
+            merge_us = ""
+            if plans[0]._merge is not None:     # the split-K merge alone
+                merge_us = graph_time([lambda p=p: p._merge(torch.cuda.current_stream())
+                                       for p in plans], reps)
             kern = plans[0]._decode
             regs = ("" if not hasattr(kern, "dispatcher") else
                     [getattr(k, "regs_per_thread", "") for k in kern.dispatcher.overloads.values()])
             rows.append(dict(impl="paged_numba", table=table_kind,
                              num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
+                             merge_us=merge_us,
                              regs=regs, tuning=tuning, max_err=err))
     if sdpa:
         ks = [torch.randn(batch, num_kv_heads, context, head_size, dtype=tdtype, device="cuda")
@@ -223,7 +228,8 @@ def main():
                     help="time kernel variants (v4 and tensor-core kernels, warps, ring depth) "
                          "on the headline shapes, print only")
     ap.add_argument("--partitions", action="store_true",
-                    help="time every split-K partition count on the headline shapes, print only")
+                    help="time split-K partition counts on the headline shapes, and the merge "
+                         "kernel alone, print only")
     ap.add_argument("--once", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                     help="build and run one headline-style configuration (for a profiler)")
     args = ap.parse_args()
@@ -242,11 +248,14 @@ def main():
         return
     if args.partitions:
         for b, c in HEADLINE:
-            parts = [p for p in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128) if p * 256 <= c]
+            parts = [p for p in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 46, 64, 128) if p * 256 <= c]
             rows = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False,
                                 reps=15, partitions=[None] + parts)
             print(f"b={b} ctx={c} heuristic P={rows[0]['num_partitions']} {rows[0]['us']:.1f} us; "
-                  + " ".join(f"P={r['num_partitions']}:{r['us']:.1f}" for r in rows[1:]), flush=True)
+                  + " ".join(f"P={r['num_partitions']}:{r['us']:.1f}" for r in rows[1:])
+                  + "; merge alone: " + " ".join(f"P={r['num_partitions']}:{r['merge_us']:.1f}"
+                                                 for r in rows[1:] if r["merge_us"] != ""),
+                  flush=True)
         return
     if args.once:
         b, c = args.once
