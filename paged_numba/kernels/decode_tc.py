@@ -350,7 +350,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 for k in range(TPL):
                     pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
                              value_cache, block_tables, seq, kvh, lr)
-            else:
+            else:                                   # TPL is 1, 2, 4 or 8
                 pv_token(0, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
                          value_cache, block_tables, seq, kvh, lr)
                 if TPL > 1:
