@@ -82,8 +82,9 @@ def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
 @functools.cache
 def register_cap(dispatcher, argtypes, threads):
     """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes`` (a
-    tuple; None under the simulator)."""
-    if config.ENABLE_CUDASIM:
+    tuple; None under the simulator and where no GPU is present, e.g. when
+    compiling PTX only)."""
+    if config.ENABLE_CUDASIM or not cuda.is_available():
         return None
     kernel = dispatcher.compile(tuple(argtypes))
     return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel))
