@@ -133,7 +133,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
             num_warps //= 2
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
-        cap = _launch.register_cap(kernel, tuple(decode_signatures(dtype, layout)[int(split)]),
+        cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
                                    32 * num_warps)
         if cap is not None:
             kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap)

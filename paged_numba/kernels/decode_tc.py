@@ -108,6 +108,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
     SMEM_T = STORAGE[dtype]
     PREFETCH = prefetch and ONE_BLOCK     # block numbers of 32 steps held one per lane
+    assert STAGES - 1 <= 32, "the ring's fill reads the first window of block numbers"
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
     _, v_vec = vector_accessors(layout, dtype)
