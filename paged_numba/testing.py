@@ -255,6 +255,18 @@ U32 = 2.0 ** -24   # unit roundoff of float32, the precision every kernel comput
 TENSOR_CORE_U = 4 * U32
 
 
+def config_id(config):
+    """pytest id of a test configuration (keyword arguments of
+    :func:`decode_problems` or :func:`prefill_problems`): the first value of
+    each drawn parameter; the size limits (``max_*``) are left out.
+
+    >>> config_id(dict(head_sizes=(64,), dtypes=("float16",), max_seqs=4)), config_id({})
+    ('head_size64-dtypefloat16', 'drawn')
+    """
+    return "-".join(f"{k[:-1]}{v[0]}" for k, v in config.items()
+                    if not k.startswith("max")) or "drawn"
+
+
 def gamma(n, u=U32):
     """Higham's gamma_n = n u / (1 - n u): the relative error bound of a
     float32 sum or product chain of ``n`` terms.

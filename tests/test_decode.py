@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import paged_numba as pn
 from paged_numba.reference import attention
-from paged_numba.testing import (U32, DecodeProblem, check_attention, check_close, decode_problems,
-                                 decode_reference, gamma, variants)
+from paged_numba.testing import (U32, DecodeProblem, check_attention, check_close, config_id,
+                                 decode_problems, decode_reference, gamma, variants)
 
 SIM = pn.simulator_enabled()
 # The simulator runs every CUDA thread as a Python thread: keep its shapes small,
@@ -39,10 +39,6 @@ else:
 # bit-for-bit invariance under moving blocks: one head size and block size suffice
 PLACEMENT_CONFIGS = [c for c in CONFIGS if c.get("head_sizes", (128,)) == (128,)
                      and c.get("block_sizes", (16,)) == (16,)]
-
-
-def config_id(c):
-    return "-".join(f"{k[:-1]}{v[0]}" for k, v in c.items()) or "drawn"
 
 
 def _problem(seq_lens, table, block_size, head_size=64, num_heads=2, num_kv_heads=1,
@@ -284,8 +280,7 @@ LAYOUT_CONFIGS = ([dict(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, groups=
                                                             ("float16", "bfloat16", "float32"))])
 
 
-@pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=lambda c: config_id(
-    {k: v for k, v in c.items() if k.endswith("s") and k != "max_seqs"}))
+@pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=config_id)
 @settings(max_examples=6) if SIM else (lambda f: f)   # five launches per example
 @given(data=st.data())
 def test_layouts_and_page_table_forms_agree(config, data):

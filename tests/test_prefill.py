@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import paged_numba as pn
 from paged_numba.page_tables import padded_to_csr
 from paged_numba.reference import attention, gather_kv
-from paged_numba.testing import (PrefillProblem, attention_error_bound, check_attention,
+from paged_numba.testing import (PrefillProblem, attention_error_bound, check_attention, config_id,
                                  check_close, prefill_error_bound, prefill_problems,
                                  prefill_reference, variants)
 
@@ -38,10 +38,6 @@ else:
     TILINGS = st.just({})
     EXAMPLES = None          # the profile's count
 SMALL = dict(block_q=2, block_n=4, num_warps=1) if SIM else {}
-
-
-def config_id(c):
-    return "-".join(f"{k[:-1]}{v[0]}" for k, v in c.items()) or "drawn"
 
 
 def _problem(q_lens, seq_lens, table, block_size, head_size=16, num_heads=2, num_kv_heads=1,
@@ -130,11 +126,7 @@ def _shapes(config, **fixed):
     return {**SHAPES, **fixed, **config}
 
 
-def _short_id(c):
-    return config_id({k: v for k, v in c.items() if k.endswith("s") and not k.startswith("max")})
-
-
-@pytest.mark.parametrize("config", ONE_QUERY_CONFIGS, ids=_short_id)
+@pytest.mark.parametrize("config", ONE_QUERY_CONFIGS, ids=config_id)
 @settings(max_examples=3) if SIM else (lambda f: f)
 @given(data=st.data())
 def test_one_query_per_sequence_matches_decode(config, data):
@@ -155,7 +147,7 @@ def test_one_query_per_sequence_matches_decode(config, data):
     check_close(pre, dec.astype(np.float64), 3 * bound + np.spacing(np.abs(ref)).astype(np.float64))
 
 
-@pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=_short_id)
+@pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=config_id)
 @settings(max_examples=3) if SIM else (lambda f: f)   # five launches per example
 @given(data=st.data())
 def test_layouts_and_page_table_forms_agree(config, data):
