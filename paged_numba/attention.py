@@ -149,13 +149,16 @@ def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
                 tensor_cores=None):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
-    from :func:`num_partitions_for` with the split kernel's occupancy."""
+    from :func:`num_partitions_for` with the split kernel's occupancy (for the
+    tensor-core kernel, at most the blocks that saturate HBM)."""
     if num_partitions is None:
-        kernel, threads, _ = _cache_launch(cache, hpb, True, tuning, tensor_cores)
+        kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores)
         split = decode_signatures(cache.dtype.name, cache.layout)[1]
-        num_partitions = num_partitions_for(
-            num_seqs, num_heads // hpb, max_context, _arrays.sm_count(),
-            _launch.resident_blocks(kernel, split, threads))
+        resident = _launch.resident_blocks(kernel, split, threads)
+        if tc:   # blocks past HBM saturation only add per-partition costs
+            resident = min(resident, decode_tc.saturating_blocks(cache.head_size, threads // 32))
+        num_partitions = num_partitions_for(num_seqs, num_heads // hpb, max_context,
+                                            _arrays.sm_count(), resident)
     if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
             or num_partitions < 1:
         raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")

@@ -173,11 +173,12 @@ def test_custom_scale_and_partition_count_agree():
 
 
 @st.composite
-def split_states(draw):
+def split_states(draw, min_states=1, max_states=4):
     """Attention over keys cut into parts: the parts' states, and the whole."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     rows, heads, dim = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([8, 16]))
-    sizes = draw(st.lists(st.integers(0, 9), min_size=1, max_size=4))
+    sizes = draw(st.lists(st.integers(0, 9), min_size=min_states,
+                          max_size=max_states))
     q = rng.standard_normal((rows, heads, dim))
     ks = [rng.standard_normal((n, heads, dim)) * 2 for n in sizes]
     vs = [rng.standard_normal((n, heads, dim)) for n in sizes]
@@ -191,6 +192,17 @@ def split_states(draw):
 
 @given(split_states())
 def test_merge_states_equals_single_pass(case):
+    check_merge(case)
+
+
+@settings(max_examples=6 if SIM else settings().max_examples)
+@given(split_states(min_states=33, max_states=75))
+def test_merge_states_of_many_parts(case):
+    # more states than one warp's lanes, and runs of UNROLL loads plus remainders
+    check_merge(case)
+
+
+def check_merge(case):
     v_states, s_states, out_ref, lse_ref = case
     v32, s32 = v_states.astype(np.float32), s_states.astype(np.float32)
     out, lse = pn.merge_states(v32, s32)

@@ -52,12 +52,27 @@ LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
+SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
 
 
 def supports(head_size, heads_per_block, dtype, layout):
     """Whether :func:`decode_tc_kernel` handles this combination."""
     return (head_size in HEAD_SIZES and heads_per_block <= MAX_HPB and dtype in DTYPES
             and layout in LAYOUTS)
+
+
+def saturating_blocks(head_size, num_warps):
+    """Resident thread blocks per multiprocessor beyond which more blocks do
+    not make this kernel faster: HBM is saturated once an SM holds about
+    ``SATURATING_WARP_DIMS`` warps x head dims of copies in flight. The split-K
+    model (``attention.num_partitions_for``) counts no more slots than this.
+    On the H200 grid the best partition counts filled 7.8 (head 128, 4 warps),
+    15.5 (head 64, 4 warps) and 5.8-7.8 (head 256, 2 warps) warps per SM.
+
+    >>> saturating_blocks(128, 4), saturating_blocks(64, 4), saturating_blocks(256, 2)
+    (2, 4, 2)
+    """
+    return max(1, -(-SATURATING_WARP_DIMS // (num_warps * head_size)))
 
 
 def ring_stages(head_size, num_warps, stages, layout):

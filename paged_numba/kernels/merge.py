@@ -26,15 +26,28 @@ from .convert import codec
 NEG_INF = float32(-math.inf)
 
 
+FULL_MASK = 0xFFFFFFFF
+UNROLL = 8       # partial outputs loaded per thread before their sum is taken
+
+
 @functools.cache
 def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
     """Kernel ``(out, lse_out, v, s)``: ``v [n, S, H, D]``, ``s [n, S, H]`` float32,
-    ``out [n, H, D]``, ``lse_out [n, H]`` float32. Grid ``(H, n)``, ``num_threads``.
+    ``out [n, H, D]``, ``lse_out [n, H]`` float32. Grid ``(H, n)``,
+    ``num_threads`` (a multiple of 32).
+
+    Each warp folds the ``S`` log-sum-exps with the (m, l) rule, one state per
+    lane and then a butterfly of shuffles, so finding the weights costs one
+    round of loads rather than ``S``. Lane ``k`` then holds the weight of state
+    ``k`` of each run of 32, and every thread (one output element ``d``)
+    takes the weights by shuffle while it loads ``UNROLL`` partial outputs at
+    a time, so that the loads are in flight together.
 
     ``out_dtype`` and ``v_dtype`` name the storage dtypes (``"float16"``,
     ``"float32"``, ``"bfloat16"``); float16 and float32 share one conversion
     (numba's own), so the defaults serve any mix of the two."""
     NT = num_threads
+    assert NT % 32 == 0
     v_to_f32, _ = codec(v_dtype)
     _, out_from_f32 = codec(out_dtype)
 
@@ -43,29 +56,54 @@ def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
         h = cuda.blockIdx.x
         i = cuda.blockIdx.y
         tid = cuda.threadIdx.x
+        lane = tid % 32
         num_states = s.shape[1]
         head_size = v.shape[3]
-        # every thread scans the (few) log-sum-exps: a broadcast read
-        mx = NEG_INF
-        for k in range(num_states):
-            mx = max(mx, float32(s[i, k, h]))
+        # (m, l) of this lane's states, then of the whole row by butterfly
+        m = NEG_INF
         total = float32(0.0)
-        if mx != NEG_INF:
-            for k in range(num_states):
-                total += math.exp(float32(s[i, k, h]) - mx)
+        for k in range(lane, num_states, 32):
+            x = float32(s[i, k, h])
+            if x > m:
+                total = total * math.exp(m - x) + float32(1.0)
+                m = x
+            elif x != NEG_INF:
+                total += math.exp(x - m)
+        for o in (16, 8, 4, 2, 1):
+            m2 = cuda.shfl_xor_sync(FULL_MASK, m, o)
+            t2 = cuda.shfl_xor_sync(FULL_MASK, total, o)
+            mn = max(m, m2)
+            if mn != NEG_INF:
+                total = total * math.exp(m - mn) + t2 * math.exp(m2 - mn)
+            m = mn
+        # the lanes may round differently: all take lane 0's sum
+        total = cuda.shfl_sync(FULL_MASK, total, 0)
         inv = float32(0.0)
         if total > 0.0:
             inv = float32(1.0) / total
-        for d in range(tid, head_size, NT):
+        for d0 in range(0, head_size, NT):
+            d = min(d0 + tid, head_size - 1)     # spare lanes load a valid element, store nothing
             acc = float32(0.0)
-            if mx != NEG_INF:
-                for k in range(num_states):
-                    w = math.exp(float32(s[i, k, h]) - mx)
-                    acc += w * v_to_f32(v[i, k, h, d])
-            out[i, h, d] = out_from_f32(acc * inv)
+            if m != NEG_INF:
+                for k0 in range(0, num_states, 32):
+                    w = float32(0.0)
+                    if k0 + lane < num_states:
+                        w = math.exp(float32(s[i, k0 + lane, h]) - m) * inv
+                    run = min(32, num_states - k0)
+                    j = 0
+                    while j + UNROLL <= run:
+                        for u in range(UNROLL):
+                            acc += (cuda.shfl_sync(FULL_MASK, w, j + u)
+                                    * v_to_f32(v[i, k0 + j + u, h, d]))
+                        j += UNROLL
+                    while j < run:
+                        acc += cuda.shfl_sync(FULL_MASK, w, j) * v_to_f32(v[i, k0 + j, h, d])
+                        j += 1
+            if d0 + tid < head_size:
+                out[i, h, d] = out_from_f32(acc)
         if tid == 0:
             if total > 0.0:
-                lse_out[i, h] = mx + math.log(total)
+                lse_out[i, h] = m + math.log(total)
             else:
                 lse_out[i, h] = NEG_INF
 
