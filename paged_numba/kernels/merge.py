@@ -22,11 +22,8 @@ import math
 from numba import cuda, float32
 
 from .convert import codec
+from .decode import FULL_MASK, NEG_INF
 
-NEG_INF = float32(-math.inf)
-
-
-FULL_MASK = 0xFFFFFFFF
 UNROLL = 8       # partial outputs loaded per thread before their sum is taken
 
 
