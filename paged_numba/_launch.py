@@ -45,25 +45,20 @@ def blocks_by_registers(regs, threads):
     return REGS_PER_SM // max(-(-regs * 32 // 256) * 256 * (threads // 32), 1)
 
 
-STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs an opt-in
+def _blocks_by_shared(kernel):
+    return SHARED_PER_SM // max(kernel.shared_mem_per_block + 1024, 1)   # + driver reserve
 
 
-def _blocks_by_shared(kernel, dynamic=0):
-    # + the driver's reserve per block
-    return SHARED_PER_SM // max(kernel.shared_mem_per_block + dynamic + 1024, 1)
-
-
-def resident_blocks(dispatcher, argtypes, threads, dynamic=0):
+def resident_blocks(dispatcher, argtypes, threads):
     """Thread blocks of ``dispatcher``, compiled for the numba types
-    ``argtypes`` and launched with ``dynamic`` bytes of dynamic shared
-    memory, that fit on one multiprocessor at once, from its registers and
-    shared memory (sm_80/90 limits: 64 K registers, 228 KB shared memory, 64
-    warps, 32 blocks)."""
+    ``argtypes``, that fit on one multiprocessor at once, from its registers
+    and static shared memory (sm_80/90 limits: 64 K registers, 228 KB shared
+    memory, 64 warps, 32 blocks)."""
     if config.ENABLE_CUDASIM:
         return SIMULATED_RESIDENT_BLOCKS
     kernel = dispatcher.compile(tuple(argtypes))
     by_regs = blocks_by_registers(kernel.regs_per_thread, threads)
-    return max(1, min(by_regs, _blocks_by_shared(kernel, dynamic), 64 * 32 // threads, 32))
+    return max(1, min(by_regs, _blocks_by_shared(kernel), 64 * 32 // threads, 32))
 
 
 def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
@@ -85,27 +80,23 @@ def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
 
 
 @functools.cache
-def register_cap(dispatcher, argtypes, threads, dynamic=0):
+def register_cap(dispatcher, argtypes, threads):
     """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes`` (a
-    tuple) and launched with ``dynamic`` bytes of dynamic shared memory; None
-    under the simulator and where no GPU is present, e.g. when compiling PTX
-    only."""
+    tuple; None under the simulator and where no GPU is present, e.g. when
+    compiling PTX only)."""
     if config.ENABLE_CUDASIM or not cuda.is_available():
         return None
     kernel = dispatcher.compile(tuple(argtypes))
-    return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel, dynamic))
+    return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel))
 
 
 class PackedLaunch:
-    """``dispatcher[grid, block, stream, shared](*args)`` with ``args`` frozen at
-    construction; ``shared`` is the dynamic shared memory in bytes (above 48
-    KB the kernel is opted in to it here).
+    """``dispatcher[grid, block, stream](*args)`` with ``args`` frozen at construction.
 
     Call it with a stream (anything :func:`stream_handle` accepts)."""
 
-    def __init__(self, dispatcher, grid, block, args, shared=0):
+    def __init__(self, dispatcher, grid, block, args):
         self.dispatcher, self.grid, self.block, self.args = dispatcher, grid, block, args
-        self.shared = int(shared)
         if config.ENABLE_CUDASIM:
             return
         from cuda.bindings import driver as drv
@@ -125,21 +116,15 @@ class PackedLaunch:
         grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
         self._dims = (*grid3, block, 1, 1)
         self._function = drv.CUfunction(int(kernel._codelibrary.get_cufunc().handle))
-        if self.shared > STATIC_SHARED_LIMIT:
-            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            err, = drv.cuFuncSetAttribute(self._function, attr, self.shared)
-            if err != drv.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cannot give the kernel {self.shared} bytes of dynamic "
-                                   f"shared memory: {err!r}")
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
 
     def __call__(self, stream=None):
         if config.ENABLE_CUDASIM:
             # the simulator runs kernels synchronously: any stream is the default one
-            self.dispatcher[self.grid, self.block, cuda.default_stream(), self.shared](*self.args)
+            self.dispatcher[self.grid, self.block, cuda.default_stream()](*self.args)
             return
-        err, = self._launch(self._function, *self._dims, self.shared, stream_handle(stream),
+        err, = self._launch(self._function, *self._dims, 0, stream_handle(stream),
                             self._address, 0)
         if err != self._ok:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")

@@ -109,17 +109,15 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                   tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
-    """``(kernel, threads, tensor_cores, shared)``: the decode kernel for a
-    cache of ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per
-    thread block, and the dynamic shared memory (bytes) to launch it with.
-    The tensor-core kernel (``kernels.decode_tc``) where it applies
-    (fp16/bf16, head size 32/64/128/256) unless ``tensor_cores`` is False,
-    else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll, stages)``;
-    the tensor-core kernel has no ``unroll``, halves ``num_warps`` until two
-    ring stages fit in 48 KB, keeps its ring (``stages`` deep) in dynamic
-    shared memory, and is compiled with a register limit where a few
-    registers fewer buy one more resident thread block
-    (``_launch.register_cap``)."""
+    """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
+    ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
+    The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
+    head size 32/64/128/256) unless ``tensor_cores`` is
+    False, else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll,
+    stages)``; the tensor-core kernel has no ``unroll``, halves
+    ``num_warps`` until two ring stages fit in shared memory, and is compiled
+    with a register limit where a few registers fewer buy one more resident
+    thread block (``_launch.register_cap``)."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     usable = decode_tc.supports(head_size, hpb, dtype, layout)
@@ -131,22 +129,16 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     if usable and tensor_cores is not False:
         # the warps split the tokens, so they decide the rounding: choose them as for
         # a layout that stages values too, so that every layout gives the same bits
-        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, 2, "nhd"):
+        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
             num_warps //= 2
-        shared = decode_tc.ring_bytes(head_size, num_warps, stages, layout)
-        room = decode_tc.MAX_BLOCK_SHARED - decode_tc.static_bytes(head_size, num_warps)
-        if not 2 <= stages <= decode_tc.MAX_STAGES or shared > room:
-            raise ValueError(f"stages must be 2 to {decode_tc.MAX_STAGES} and the ring must fit "
-                             f"in {room} bytes of shared memory, but got stages={stages} "
-                             f"({shared} bytes).")
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
         cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
-                                   32 * num_warps, shared)
+                                   32 * num_warps)
         if cap is not None:
             kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap)
-        return kernel, 32 * num_warps, True, shared
-    return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False, 0
+        return kernel, 32 * num_warps, True
+    return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
 
 
 def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
@@ -154,41 +146,24 @@ def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_
                          split, tuning, tensor_cores)
 
 
-def _plan_launch(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
-                 tuning=(NUM_WARPS, UNROLL, None), tensor_cores=None):
-    """``(num_partitions, partition_size, launch)``: the validated split-K
-    partitions, and the :func:`decode_launch` for them. The default partition
-    count comes from :func:`num_partitions_for` with the split kernel's
-    occupancy (for the tensor-core kernel, at most the blocks that saturate
-    HBM). ``stages=None`` in ``tuning`` gives the tensor-core kernel the
-    deepest ring that the thread blocks one multiprocessor will hold leave
-    room for (``decode_tc.deepest_ring``), and the other kernel ``STAGES``."""
-    num_warps, unroll, stages = tuning
-    base = (num_warps, unroll, STAGES if stages is None else stages)
-    sm_count = _arrays.sm_count()
+def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
+                tensor_cores=None):
+    """Validated split-K ``(num_partitions, partition_size)``; the default comes
+    from :func:`num_partitions_for` with the split kernel's occupancy (for the
+    tensor-core kernel, at most the blocks that saturate HBM)."""
     if num_partitions is None:
-        kernel, threads, tc, shared = _cache_launch(cache, hpb, True, base, tensor_cores)
+        kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores)
         split = decode_signatures(cache.dtype.name, cache.layout)[1]
-        resident = _launch.resident_blocks(kernel, split, threads, shared)
+        resident = _launch.resident_blocks(kernel, split, threads)
         if tc:   # blocks past HBM saturation only add per-partition costs
             resident = min(resident, decode_tc.saturating_blocks(cache.head_size, threads // 32))
         num_partitions = num_partitions_for(num_seqs, num_heads // hpb, max_context,
-                                            sm_count, resident)
+                                            _arrays.sm_count(), resident)
     if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
             or num_partitions < 1:
         raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
     partition_size = max(-(-max_context // int(num_partitions)), 1)
-    p = max(-(-max_context // partition_size), 1)
-    launch = _cache_launch(cache, hpb, p > 1, base, tensor_cores)
-    kernel, threads, tc, shared = launch
-    if stages is None and tc:
-        sig = decode_signatures(cache.dtype.name, cache.layout)[int(p > 1)]
-        resident = _launch.resident_blocks(kernel, sig, threads, shared)
-        per_sm = min(resident, -(-max(num_seqs * (num_heads // hpb) * p, 1) // sm_count))
-        deep = decode_tc.deepest_ring(cache.head_size, threads // 32, cache.layout, per_sm)
-        if deep != base[2]:
-            launch = _cache_launch(cache, hpb, p > 1, (num_warps, unroll, deep), tensor_cores)
-    return p, partition_size, launch
+    return max(-(-max_context // partition_size), 1), partition_size
 
 
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
@@ -269,23 +244,23 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
-    num_partitions, partition_size, launch = _plan_launch(num_partitions, cache, hpb, num_seqs,
-                                                          num_heads, max_context)
+    num_partitions, partition_size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads,
+                                                 max_context, (NUM_WARPS, UNROLL, STAGES))
+
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
-        kernel, threads, _, shared = launch
+        kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants)
         if num_partitions == 1:
-            _launch.PackedLaunch(kernel, grid, threads, (
-                out.reshape(num_seqs, 1, num_heads, head_size),
-                lse.reshape(num_seqs, 1, num_heads), *args), shared)()
+            kernel[grid, threads](out.reshape(num_seqs, 1, num_heads, head_size),
+                                  lse.reshape(num_seqs, 1, num_heads), *args)
         else:
             part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
             part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
-            _launch.PackedLaunch(kernel, grid, threads, (part_out, part_lse, *args), shared)()
+            kernel[grid, threads](part_out, part_lse, *args)
             merge_kernel(cache.dtype.name)[(num_heads, num_seqs), 128](out, lse, part_out,
                                                                        part_lse)
     if from_host:
@@ -371,15 +346,10 @@ class DecodePlan:
         As in :func:`paged_decode`.
     num_partitions : int, optional
         Split-K partitions; default from the heuristic of :func:`paged_decode`.
-    num_warps, unroll : int
-        Tuning knobs of the kernel: warps per thread block, and tokens per
-        lane and step (the kernel without tensor cores).
-    stages : int, optional
-        Depth of the shared-memory copy ring (steps whose K/V copies are in
-        flight plus one). Default: for the tensor-core kernel, the deepest
-        ring (up to 8) that the thread blocks one multiprocessor will hold
-        leave room for, in dynamic shared memory; for the other kernel 2
-        (capped by its 48 KB of static shared memory).
+    num_warps, unroll, stages : int
+        Tuning knobs of the kernel: warps per thread block, tokens per lane
+        and step, and steps in flight in the shared-memory copy ring (capped
+        by the 48 KB of static shared memory).
     tensor_cores : bool, optional
         Use the tensor-core kernel (``kernels.decode_tc``: q.k on ``mma.sync``)
         or not; default: where it applies. True raises where it does not.
@@ -401,7 +371,7 @@ class DecodePlan:
 
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=None,
+                 num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=STAGES,
                  tensor_cores=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
@@ -416,8 +386,8 @@ class DecodePlan:
         self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
         max_context = max(self.max_blocks * cache.block_size, 1)
         self.num_warps = int(num_warps)
-        tuning = (self.num_warps, int(unroll), None if stages is None else int(stages))
-        self.num_partitions, self.partition_size, launch = _plan_launch(
+        tuning = (self.num_warps, int(unroll), int(stages))
+        self.num_partitions, self.partition_size = _partitions(
             num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning,
             tensor_cores)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
@@ -429,7 +399,8 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self._kernel, self._threads, self.tensor_cores, self._shared = launch
+        self._kernel, self._threads, self.tensor_cores = _cache_launch(cache, hpb, p > 1, tuning,
+                                                                       tensor_cores)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
@@ -500,8 +471,7 @@ class DecodePlan:
         args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
                 *self._variants)
-        self._decode = _launch.PackedLaunch(self._kernel, self._grid, self._threads, args,
-                                            self._shared)
+        self._decode = _launch.PackedLaunch(self._kernel, self._grid, self._threads, args)
         self._inputs = inputs
 
     def __repr__(self):

@@ -139,30 +139,6 @@ def test_tensor_core_block_prefetch_crosses_windows(num_partitions, monkeypatch)
     assert np.array_equal(run(), out)
 
 
-def test_tensor_core_ring_depth_changes_no_bits():
-    """The copy ring's depth (dynamic shared memory) only changes how far
-    ahead the copies run: 2, 5 and the launcher's choice give the same bits,
-    within the reference's bound, with a partition edge inside a step; a ring
-    that cannot be is refused before any launch."""
-    from numba import cuda
-    table = np.random.default_rng(4).permutation(21)[:19].reshape(1, 19)
-    p = _problem([300], table, 16, head_size=32, num_heads=2, num_kv_heads=1)
-    q, k, v = p.arrays()
-    cache = pn.PagedKVCache.from_host(k, v, "nhd")
-    args = [cuda.to_device(a) for a in (q, p.block_tables, p.seq_lens)]
-    outs = []
-    for stages in (2, 5, None):
-        plan = pn.DecodePlan(cache, 1, 2, 19, num_partitions=2, stages=stages)
-        assert plan.tensor_cores and plan._shared > 0
-        outs.append(plan.run(*args).copy_to_host())
-    ref, _, bound, _ = decode_reference(p, q, k, v, num_partitions=2)
-    check_close(outs[0], ref, bound)
-    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
-    for bad in (1, 9):
-        with pytest.raises(ValueError, match=f"stages={bad}"):
-            pn.DecodePlan(cache, 1, 2, 19, stages=bad)
-
-
 def test_empty_sequence_gets_zeros():
     p = _problem([0, 5, 0], [[-1], [3], [-1]], 8, head_size=16)
     (q, k, v), out, lse = run_decode(p)
@@ -407,8 +383,7 @@ def test_register_cap_reaches_the_tensor_core_kernel(monkeypatch):
     from paged_numba.kernels.decode_tc import decode_tc_kernel
     args = (128, 16, 4, "float16", "nhd")
     monkeypatch.setattr(_launch, "register_cap", lambda *a: 128)
-    kernel, threads, tc, shared = pn.attention.decode_launch(*args, split=False)
-    assert shared == 2 * 8 * 128 * 16              # 2 ring stages of 8 chunks a thread
+    kernel, threads, tc = pn.attention.decode_launch(*args, split=False)
     assert tc and threads == 128 and kernel is decode_tc_kernel(*args, 4, 2, False,
                                                                 max_registers=128)
     monkeypatch.setattr(_launch, "register_cap", lambda *a: None)

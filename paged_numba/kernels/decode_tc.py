@@ -53,10 +53,6 @@ DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
-MAX_STAGES = 8              # deepest copy ring the launcher picks
-SHARED_PER_SM = 228 * 1024  # sm_80/sm_90 shared memory per multiprocessor
-MAX_BLOCK_SHARED = 227 * 1024   # ... and per thread block (with the opt-in)
-BLOCK_RESERVE = 1024        # shared memory the driver reserves per block
 
 
 def supports(head_size, heads_per_block, dtype, layout):
@@ -79,51 +75,15 @@ def saturating_blocks(head_size, num_warps):
     return max(1, -(-SATURATING_WARP_DIMS // (num_warps * head_size)))
 
 
-def chunks_per_step(head_size, layout):
-    """16-byte chunks one lane copies per step (key vectors, staged value vectors)."""
+def ring_stages(head_size, num_warps, stages, layout):
+    """Ring depth that fits the static shared memory (0 if not even 2 fit)."""
     nvec = head_size // 8
     lpr = min(32, nvec)
-    return nvec // 4 + (STEP * lpr // 32 if layout != "vllm" else 0)
-
-
-def static_bytes(head_size, num_warps):
-    """Static shared memory of :func:`decode_tc_kernel` (an upper bound)."""
-    return 4 * (num_warps * head_size + 3 * num_warps * MAX_HPB
-                + num_warps * STEP * MAX_HPB) + 512
-
-
-def stage_bytes(head_size, num_warps, layout):
-    """Bytes of one stage of the copy ring (all warps of a thread block)."""
-    return chunks_per_step(head_size, layout) * 32 * num_warps * 16
-
-
-def ring_stages(head_size, num_warps, stages, layout):
-    """Ring depth that fits the 48 KB a block may have without opting in to
-    more (0 if not even 2 fit); ``attention.decode_launch`` halves the warps
-    until two stages fit, so that the warps, which decide the rounding, do
-    not depend on the ring depth."""
-    room = SHARED_BYTES - static_bytes(head_size, num_warps)
-    fit = room // stage_bytes(head_size, num_warps, layout)
+    cps = nvec // 4 + (STEP * lpr // 32 if layout != "vllm" else 0)   # chunks per lane, step
+    room = SHARED_BYTES - 4 * (num_warps * head_size + 3 * num_warps * MAX_HPB
+                               + num_warps * STEP * MAX_HPB) - 512
+    fit = room // (cps * 32 * num_warps * 16)
     return min(stages, fit) if fit >= 2 else 0
-
-
-def ring_bytes(head_size, num_warps, stages, layout):
-    """Dynamic shared memory (the copy ring) of a launch with ``stages``."""
-    return stages * stage_bytes(head_size, num_warps, layout)
-
-
-def deepest_ring(head_size, num_warps, layout, blocks_per_sm):
-    """The most ring stages (2 to ``MAX_STAGES``) that leave room in one
-    multiprocessor's shared memory for ``blocks_per_sm`` thread blocks. More
-    stages are more copies in flight per warp, which is what a multiprocessor
-    holding few blocks needs to keep HBM busy.
-
-    >>> deepest_ring(128, 4, "nhd", 4), deepest_ring(128, 4, "nhd", 2)
-    (3, 6)
-    """
-    room = min(SHARED_PER_SM // max(blocks_per_sm, 1) - BLOCK_RESERVE, MAX_BLOCK_SHARED)
-    fit = (room - static_bytes(head_size, num_warps)) // stage_bytes(head_size, num_warps, layout)
-    return max(2, min(MAX_STAGES, fit))
 
 
 @functools.cache
@@ -155,10 +115,11 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     TPL = STEP // TG                      # value tokens per lane and step
     NW = num_warps
     NT = 32 * NW
-    STAGES = int(stages)
+    STAGES = ring_stages(D, NW, stages, layout)
     STAGE_V = layout != "vllm"            # "vllm" value rows are strided: read directly
-    assert 2 <= STAGES <= 32, "the copy ring needs 2 to 32 stages"
+    assert STAGES >= 2, "the copy ring does not fit: use fewer warps"
     CPS = KV4 + (TPL if STAGE_V else 0)   # 16-byte chunks per lane and step
+    RING = STAGES * CPS * NT * VEC
     ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
     SMEM_T = STORAGE[dtype]
     PREFETCH = prefetch and ONE_BLOCK     # block numbers of 32 steps held one per lane
@@ -282,7 +243,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         alpha_s = cuda.shared.array((NW, MAX_HPB), float32, alignment=16)
         p_s = cuda.shared.array((NW, STEP, MAX_HPB), float32, alignment=16)
         acc_s = cuda.shared.array((NW, D), float32)
-        ring = cuda.shared.array(0, SMEM_T, alignment=16)   # dynamic: STAGES*CPS*NT*VEC
+        ring = cuda.shared.array(RING, SMEM_T, alignment=16)
 
         # A fragments: query row h0 + r (zero for r >= HPB), vector c + 4i holds
         # the words of k-steps 2i (words 0, 1) and 2i + 1 (words 2, 3)

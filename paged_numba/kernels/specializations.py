@@ -81,7 +81,7 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
         yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
     for hs, bs, hpb, layout, dtype, split in decode_tc_points():
-        kernel, threads, _, _ = decode_launch(hs, bs, hpb, dtype, layout, split, tensor_cores=True)
+        kernel, threads, _ = decode_launch(hs, bs, hpb, dtype, layout, split, tensor_cores=True)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
         yield (f"decode_tc hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype} "
                f"threads={threads}"), kernel, sig
