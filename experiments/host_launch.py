@@ -3,10 +3,11 @@
     python experiments/host_launch.py
 
 Times, per call, on a tiny decode (one sequence of 16 tokens, so that the GPU
-drains the queue faster than the host fills it): ``plan.run``; the packed
-decode launch alone (``cuda.bindings`` ``cuLaunchKernel``); the same launch
-through ``ctypes`` straight into ``libcuda``; and a PyTorch in-place add as a
-floor for any launch from Python. Each is the median of 7 rounds of 2000 calls.
+drains the queue faster than the host fills it): ``plan.run``; its one
+``cuGraphLaunch`` (decode and merge) alone; the packed decode launch alone
+(``cuda.bindings`` ``cuLaunchKernel``); the same launch through ``ctypes``
+straight into ``libcuda``; and a PyTorch in-place add as a floor for any
+launch from Python. Each is the median of 7 rounds of 2000 calls.
 """
 import ctypes
 import statistics
@@ -48,6 +49,7 @@ def main():
         x = torch.zeros(1, device="cuda")
         rows = {
             "plan.run": lambda: plan.run(q, tab, lens),
+            "plan.run's graph launch": lambda: plan._graph(None),
             "packed launch (cuda.bindings)": lambda: launch(None),
             "ctypes cuLaunchKernel": lambda: raw(func, *dims, 0, None, params, None),
             "torch x.add_(1)": lambda: x.add_(1),

@@ -8,6 +8,12 @@ of pointers to them, and then each call is one ``cuLaunchKernel`` through
 ``cuda.bindings``. It relies on numba-cuda 0.30's ``_Kernel`` internals,
 which is why numba-cuda is pinned to 0.30.x. Under the simulator it falls
 back to an ordinary launch.
+
+``GraphLaunch`` goes one step further for a fixed sequence of packed
+launches (split-K decode and its merge): it captures them once into a CUDA
+graph, and each call is one ``cuGraphLaunch``, which on the H200 machine
+costs 3.3 us of host time against 5.9 us for one ``cuLaunchKernel`` and
+15.8 us for two (``experiments/NOTES.md``, session 6).
 """
 import ctypes
 import functools
@@ -128,3 +134,78 @@ class PackedLaunch:
                             self._address, 0)
         if err != self._ok:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+@functools.cache
+def _capture_stream():
+    """A private non-blocking stream to capture graphs on (one per process)."""
+    from cuda.bindings import driver as drv
+
+    err, stream = drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuStreamCreate failed: {err!r}")
+    return stream
+
+
+class GraphLaunch:
+    """The :class:`PackedLaunch` objects ``launches``, in order, as one CUDA graph.
+
+    Call it with a stream (anything :func:`stream_handle` accepts): one
+    ``cuGraphLaunch``. A graph cannot be launched into a stream that is
+    being captured (``torch.cuda.graph``, say), so on such a stream (or one
+    whose capture status cannot be read) the launches are made one by one
+    instead, and the caller's graph records them. Under the simulator it
+    makes the launches one by one."""
+
+    def __init__(self, launches):
+        self.launches = tuple(launches)
+        self._exec = None
+        if config.ENABLE_CUDASIM or not self.launches:
+            return
+        from cuda.bindings import driver as drv
+
+        ok = drv.CUresult.CUDA_SUCCESS
+        stream = _capture_stream()
+        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        err, = drv.cuStreamBeginCapture(stream, mode)
+        if err != ok:
+            raise RuntimeError(f"cuStreamBeginCapture failed: {err!r}")
+        try:
+            for launch in self.launches:
+                launch(int(stream))
+        finally:
+            err, graph = drv.cuStreamEndCapture(stream)
+        if err != ok:
+            raise RuntimeError(f"cuStreamEndCapture failed: {err!r}")
+        err, graph_exec = drv.cuGraphInstantiate(graph, 0)
+        if err != ok:
+            drv.cuGraphDestroy(graph)
+            raise RuntimeError(f"cuGraphInstantiate failed: {err!r}")
+        self._graph, self._exec, self._drv = graph, graph_exec, drv
+        self._ok = ok
+        self._not_capturing = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        self._is_capturing = drv.cuStreamIsCapturing
+        self._launch = drv.cuGraphLaunch
+
+    def __call__(self, stream=None):
+        if self._exec is None:
+            for launch in self.launches:
+                launch(stream)
+            return
+        handle = stream_handle(stream)
+        err, status = self._is_capturing(handle)
+        if err != self._ok or status != self._not_capturing:
+            for launch in self.launches:
+                launch(handle)
+            return
+        err, = self._launch(self._exec, handle)
+        if err != self._ok:
+            raise RuntimeError(f"cuGraphLaunch failed: {err!r}")
+
+    def __del__(self):
+        if self._exec is not None:
+            try:
+                self._drv.cuGraphExecDestroy(self._exec)
+                self._drv.cuGraphDestroy(self._graph)
+            except Exception:       # interpreter shutdown: the driver may be gone
+                pass

@@ -329,11 +329,15 @@ class DecodePlan:
     ``plan`` (the constructor) validates what does not change between steps,
     picks the split-K partition count, allocates the output and the split-K
     scratch space, compiles the kernels and packs their launch arguments;
-    :meth:`run` then launches with little host work. Pass the same device
-    buffers to every ``run`` (as with CUDA graphs: update their contents,
-    not their identity) to keep that fast path; new buffers are packed again.
-    ``run`` only enqueues kernels, so it can be captured in a CUDA graph
-    (e.g. ``torch.cuda.graph``, with ``stream=torch.cuda.current_stream()``).
+    :meth:`run` then launches with little host work: the first ``run`` with
+    given buffers captures the decode kernel and the split-K merge into a
+    CUDA graph, and each later one is a single ``cuGraphLaunch``. Pass the
+    same device buffers to every ``run`` (as with CUDA graphs: update their
+    contents, not their identity) to keep that fast path; new buffers are
+    packed again. ``run`` only enqueues work, so it can itself be captured in
+    a CUDA graph (e.g. ``torch.cuda.graph``, with
+    ``stream=torch.cuda.current_stream()``): on a capturing stream it
+    launches the kernels one by one.
 
     Parameters
     ----------
@@ -406,7 +410,7 @@ class DecodePlan:
                                             (self.out, self.lse, self.part_out, self.part_lse))
                        if p > 1 and n else None)
         self._inputs = None
-        self._decode = None
+        self._decode = self._graph = None
 
     @property
     def scratch_bytes(self):
@@ -440,9 +444,7 @@ class DecodePlan:
         elif validate:
             self._check(inputs)
         if self.num_seqs:
-            self._decode(stream)
-            if self._merge is not None:
-                self._merge(stream)
+            self._graph(stream)
         return self.out
 
     def _check(self, inputs):
@@ -472,6 +474,9 @@ class DecodePlan:
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
                 *self._variants)
         self._decode = _launch.PackedLaunch(self._kernel, self._grid, self._threads, args)
+        # one graph launch per run (decode, then the split-K merge): less host time
+        self._graph = _launch.GraphLaunch(
+            [self._decode] + ([self._merge] if self._merge is not None else []))
         self._inputs = inputs
 
     def __repr__(self):

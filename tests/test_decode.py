@@ -257,6 +257,38 @@ def test_plan_run_matches_paged_decode_and_repacks_new_buffers():
         plan.run(q, dt, dl)
 
 
+@pytest.mark.skipif(SIM, reason="CUDA graphs need a GPU")
+def test_plan_run_inside_a_stream_capture_records_its_kernels():
+    """``run`` is one graph launch on an idle stream, and on a stream being
+    captured (as in ``torch.cuda.graph``) it launches its kernels one by one
+    so that the caller's graph records them: replaying that graph gives the
+    same bits as a plain ``run``."""
+    from cuda.bindings import driver as drv
+    from numba import cuda
+
+    from paged_numba import _launch
+    p = _problem([9, 30], [[1, 0, -1, -1], [2, 4, 3, 5]], 8, head_size=64, num_heads=4,
+                 num_kv_heads=2, dtype="float16")
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    plan = pn.DecodePlan(cache, num_seqs=2, num_heads=4, max_blocks=4, num_partitions=2)
+    dq, dt, dl = cuda.to_device(q), cuda.to_device(p.block_tables), cuda.to_device(p.seq_lens)
+    want = plan.run(dq, dt, dl).copy_to_host()
+    assert len(plan._graph.launches) == 2             # decode and merge, one graph launch
+    stream = cuda.stream()
+    plan.out.copy_to_device(np.zeros_like(want))
+    ok, handle = drv.CUresult.CUDA_SUCCESS, _launch.stream_handle(stream)
+    mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    assert drv.cuStreamBeginCapture(handle, mode)[0] == ok
+    plan.run(dq, dt, dl, stream=stream)
+    err, graph = drv.cuStreamEndCapture(handle)
+    assert err == ok and not plan.out.copy_to_host().any()   # captured, not run
+    err, graph_exec = drv.cuGraphInstantiate(graph, 0)
+    assert err == ok and drv.cuGraphLaunch(graph_exec, handle)[0] == ok
+    stream.synchronize()
+    assert np.array_equal(plan.out.copy_to_host(), want)
+
+
 def test_variants_by_hand():
     # one sequence of 10 tokens in blocks [2, 0] of 8; window 3 keeps keys 7, 8, 9 only
     p = _problem([10], [[2, 0]], 8, head_size=16, num_heads=2, num_kv_heads=1, dtype="float32")
