@@ -38,7 +38,7 @@ SHARED_PER_SM = 228 * 1024
 SIMULATED_RESIDENT_BLOCKS = 3    # what resident_blocks says under the simulator
 
 
-REGISTER_SLACK = 8               # registers per thread register_cap may take away
+REGISTER_SLACK = 12              # registers per thread register_cap may take away
 
 
 def blocks_by_registers(regs, threads):

@@ -41,16 +41,27 @@ else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
+    _I32 = ir.IntType(32)
     _I64 = ir.IntType(64)
-    _COPY = ("{\n\t.reg .u64 pn_sg;\n\t.reg .u32 pn_s;\n\t.reg .u64 pn_g;\n"
-             "\tcvta.to.shared.u64 pn_sg, $0;\n\tcvt.u32.u64 pn_s, pn_sg;\n"
-             "\tcvta.to.global.u64 pn_g, $1;\n"
-             "\tcp.async.cg.shared.global [pn_s], [pn_g], 16;\n}")
+    # the destination is a 32-bit shared-window address: the conversion of the
+    # array's base is a pure instruction (hoisted out of loops), and the element
+    # offset stays 32-bit arithmetic that ptxas folds into the copy's immediate
+    _TO_SHARED = "cvta.to.shared.u64 $0, $1;"
+    _COPY = ("{\n\t.reg .u64 pn_g;\n\tcvta.to.global.u64 pn_g, $1;\n"
+             "\tcp.async.cg.shared.global [$0], [pn_g], 16;\n}")
 
-    def _asm(builder, text, operands=()):
+    def _asm(builder, text, operands=(), constraints=None):
         fnty = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
-        constraints = ",".join(["l"] * len(operands) + ["~{memory}"])
+        if constraints is None:
+            constraints = ",".join(["l"] * len(operands))
+        constraints += ",~{memory}" if operands else "~{memory}"
         builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), list(operands))
+
+    def _shared_address(builder, pointer):
+        fnty = ir.FunctionType(_I64, [_I64])
+        window = builder.call(ir.InlineAsm(fnty, _TO_SHARED, "=l,l", side_effect=False),
+                              [builder.ptrtoint(pointer, _I64)])
+        return builder.trunc(window, _I32)
 
     @intrinsic
     def copy16_async(typingctx, dst, dst_flat, src, src_flat):
@@ -60,13 +71,18 @@ else:
         sig = types.void(dst, dst_flat, src, src_flat)
 
         def codegen(context, builder, sig, args):
-            pointers = []
-            for ary_ty, ary, idx_ty, idx in ((sig.args[0], args[0], sig.args[1], args[1]),
-                                             (sig.args[2], args[2], sig.args[3], args[3])):
-                data = context.make_array(ary_ty)(context, builder, ary).data
-                i = context.cast(builder, idx, idx_ty, types.intp)
-                pointers.append(builder.ptrtoint(builder.gep(data, [i]), _I64))
-            _asm(builder, _COPY, pointers)
+            dst_ty, dst_val, dst_idx_ty, dst_idx, src_ty, src_val, src_idx_ty, src_idx = (
+                sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2], sig.args[3],
+                args[3])
+            base = _shared_address(builder, context.make_array(dst_ty)(context, builder,
+                                                                       dst_val).data)
+            i = builder.trunc(context.cast(builder, dst_idx, dst_idx_ty, types.intp), _I32)
+            size = context.get_abi_sizeof(context.get_data_type(dst_ty.dtype))
+            dst_addr = builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
+            data = context.make_array(src_ty)(context, builder, src_val).data
+            j = context.cast(builder, src_idx, src_idx_ty, types.intp)
+            src_addr = builder.ptrtoint(builder.gep(data, [j]), _I64)
+            _asm(builder, _COPY, (dst_addr, src_addr), "r,l")
             return context.get_dummy_value()
 
         return sig, codegen

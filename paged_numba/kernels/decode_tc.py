@@ -38,7 +38,7 @@ Structure:
 import functools
 import math
 
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, int64, uint32
 
 from .access import device_function, vector_accessors, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
@@ -138,10 +138,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         @device_function
         def rows(pool, kvh, vec):
             """``(base, block stride, token stride, stride to vector vec + 4)`` of
-            vector ``vec`` of ``kvh``."""
+            vector ``vec`` of ``kvh``, in elements: int32 (a block's elements fit)."""
             b0 = flat(pool, 0, kvh, 0, vec)
-            return (b0, flat(pool, 1, kvh, 0, vec) - b0, flat(pool, 0, kvh, 1, vec) - b0,
-                    flat(pool, 0, kvh, 0, vec + 4) - b0)
+            return (int32(b0), int32(flat(pool, 1, kvh, 0, vec) - b0),
+                    int32(flat(pool, 0, kvh, 1, vec) - b0), int32(flat(pool, 0, kvh, 0, vec + 4) - b0))
         return rows
 
     k_rows = lane_rows(k_flat)
@@ -156,10 +156,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     def step_blocks(block_tables, seq, astart, warp, j0, end, lane):
         """Lane ``lane``'s entry of the warp's block-number window: the block
         of the first token of step ``j0 + lane`` (0 past the end)."""
-        s = astart + (warp + (j0 + lane) * NW) * STEP
+        s = int32(astart + (warp + (j0 + lane) * NW) * STEP)
         blk = int32(0)
         if s < end:
-            blk = block_tables[seq, s // BLOCK_SIZE]
+            blk = block_tables[seq, uint32(s) // uint32(BLOCK_SIZE)]
         return blk
 
     @device_function
@@ -168,32 +168,35 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         """Copy the step's key vectors (token ``s0 + r``) and value vectors
         (tokens ``s0 + g + k * TG``) into ``stage`` of the ring, as one group;
         tokens outside ``[lo, hi]`` copy token ``lo`` or ``hi`` instead."""
+        # int32 token and in-block arithmetic, int64 only for block * block stride
         kb0, k_blk, k_tok, k_v4 = krows
         vb0, v_blk, v_tok, _ = vrows
         if ONE_BLOCK and s0 >= lo and s0 + STEP - 1 <= hi:
-            b = s0 // BLOCK_SIZE
+            b = int32(uint32(s0) // uint32(BLOCK_SIZE))
             if not PREFETCH:
                 blk = block_tables[seq, b]
-            off = s0 - b * BLOCK_SIZE
-            kt = kb0 + blk * k_blk + (off + r) * k_tok
-            vt = vb0 + blk * v_blk + (off + g) * v_tok
+            off = int32(s0 - b * BLOCK_SIZE)
+            kt = int64(blk) * int64(k_blk) + int32(kb0 + (off + r) * k_tok)
+            vt = int64(blk) * int64(v_blk) + int32(vb0 + (off + g) * v_tok)
             for i in range(KV4):
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
                     copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache,
-                                 vt + (k * TG) * v_tok)
+                                 vt + int32((k * TG) * v_tok))
         else:
-            t = min(max(s0 + r, lo), hi)
-            b = t // BLOCK_SIZE
-            kt = kb0 + block_tables[seq, b] * k_blk + (t - b * BLOCK_SIZE) * k_tok
+            t = int32(min(max(s0 + r, lo), hi))
+            b = int32(uint32(t) // uint32(BLOCK_SIZE))
+            kt = (int64(block_tables[seq, b]) * int64(k_blk)
+                  + int32(kb0 + (t - b * BLOCK_SIZE) * k_tok))
             for i in range(KV4):
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
-                    t = min(max(s0 + g + k * TG, lo), hi)
-                    b = t // BLOCK_SIZE
-                    vt = vb0 + block_tables[seq, b] * v_blk + (t - b * BLOCK_SIZE) * v_tok
+                    t = int32(min(max(s0 + g + k * TG, lo), hi))
+                    b = int32(uint32(t) // uint32(BLOCK_SIZE))
+                    vt = (int64(block_tables[seq, b]) * int64(v_blk)
+                          + int32(vb0 + (t - b * BLOCK_SIZE) * v_tok))
                     copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
         commit_group()
 
@@ -205,8 +208,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if STAGE_V:
             load16(ring, chunk(stage, KV4 + k, tid), vr, 0)
         else:   # a token outside [start, end) reads a neighbour inside (p = 0)
-            t = min(max(s0 + g + k * TG, start), hi)
-            b = t // BLOCK_SIZE
+            t = int32(min(max(s0 + g + k * TG, start), hi))
+            b = int32(uint32(t) // uint32(BLOCK_SIZE))
             v_vec(value_cache, block_tables[seq, b], kvh, t - b * BLOCK_SIZE, lr, vr, 0)
         for h4 in range(0, HP4, 4):
             load16(p_s, (warp * STEP + g + k * TG) * MAX_HPB + h4, pr, h4)
@@ -221,22 +224,22 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        lane = tid % 32
-        warp = tid // 32
-        r = lane // 4                        # mma row (query head) / key token of the step
-        c = lane % 4                         # mma column pair: tokens 2c, 2c + 1
-        lr = lane % LPR                      # value vector this lane owns
-        g = lane // LPR                      # value token group
+        tid = int32(cuda.threadIdx.x)
+        lane = int32(tid % 32)
+        warp = int32(tid // 32)
+        r = int32(lane // 4)                 # mma row (query head) / key token of the step
+        c = int32(lane % 4)                  # mma column pair: tokens 2c, 2c + 1
+        lr = int32(lane % LPR)               # value vector this lane owns
+        g = int32(lane // LPR)               # value token group
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
-        seq_len = seq_lens[seq]
-        qpos = seq_len - 1
-        first = 0 if window <= 0 else max(seq_len - window, 0)
-        start = max(part * partition_size, first)
-        end = min(part * partition_size + partition_size, seq_len)
-        hi = end - 1
+        seq_len = int32(seq_lens[seq])
+        qpos = int32(seq_len - 1)
+        first = int32(0 if window <= 0 else max(seq_len - window, 0))
+        start = int32(max(part * partition_size, first))
+        end = int32(min(part * partition_size + partition_size, seq_len))
+        hi = int32(end - 1)
 
         m_s = cuda.shared.array((NW, MAX_HPB), float32)
         l_s = cuda.shared.array((NW, MAX_HPB), float32)
@@ -278,10 +281,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         krows = k_rows(key_cache, kvh, c)
         vrows = v_rows(value_cache, kvh, lr)
 
-        astart = start - start % STEP
-        nsteps = 0
+        astart = int32(start - start % STEP)
+        nsteps = int32(0)
         if astart + warp * STEP < end:
-            nsteps = (end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP)
+            nsteps = int32((end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP))
         tab_win = int32(0)
         if PREFETCH:
             tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
@@ -291,26 +294,27 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
             if j < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      astart + (warp + j * NW) * STEP, start, hi, j, r, g, tid, blk)
+                      int32(astart + (warp + j * NW) * STEP), start, hi, j, r, g, tid, blk)
             else:
                 commit_group()
-        stage = 0
-        nxt_stage = STAGES - 1
+        stage = int32(0)
+        nxt_stage = int32(STAGES - 1)
         for j in range(nsteps):
-            nxt = j + STAGES - 1
+            nxt = int32(j + STAGES - 1)
             blk = int32(0)
             if PREFETCH:
-                if nxt % 32 == 0:
+                if nxt & 31 == 0:
                     tab_win = step_blocks(block_tables, seq, astart, warp, nxt, end, lane)
-                blk = cuda.shfl_sync(FULL_MASK, tab_win, nxt % 32)
+                blk = cuda.shfl_sync(FULL_MASK, tab_win, nxt & 31)
             if nxt < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      astart + (warp + nxt * NW) * STEP, start, hi, nxt_stage, r, g, tid, blk)
+                      int32(astart + (warp + nxt * NW) * STEP), start, hi, nxt_stage, r, g, tid,
+                      blk)
             else:
                 commit_group()
-            nxt_stage = nxt_stage + 1 if nxt_stage + 1 < STAGES else 0
+            nxt_stage = int32(nxt_stage + 1 if nxt_stage + 1 < STAGES else 0)
             wait_stages()                           # this step's group has landed
-            s0 = astart + (warp + j * NW) * STEP
+            s0 = int32(astart + (warp + j * NW) * STEP)
             # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
             for i in range(KV4):
                 kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = load_words(
@@ -323,7 +327,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
                                      kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
             # -- online softmax (variants in order: soft cap, ALiBi; then the mask)
-            t0 = s0 + 2 * c
+            t0 = int32(s0 + 2 * c)
             z0 = d0 * qscale
             z1 = d1 * qscale
             if soft_cap > 0.0:
@@ -381,7 +385,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     for k in range(4, TPL):
                         pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
                                  value_cache, block_tables, seq, kvh, lr)
-            stage = stage + 1 if stage + 1 < STAGES else 0
+            stage = int32(stage + 1 if stage + 1 < STAGES else 0)
 
         # -- epilogue: the warp's state, then the warps merged with the (m, l) rule
         l_run = quad_sum(l_run)
