@@ -43,10 +43,9 @@ else:
 
     _I32 = ir.IntType(32)
     _I64 = ir.IntType(64)
-    # the destination is a 32-bit shared-window address: the conversion of the
-    # array's base is a pure instruction (hoisted out of loops), and the element
-    # offset stays 32-bit arithmetic that ptxas folds into the copy's immediate
-    _TO_SHARED = "cvta.to.shared.u64 $0, $1;"
+    # the destination is a 32-bit shared-window address (an address-space cast of
+    # the array's base, which NVVM folds), and the element offset stays 32-bit
+    # arithmetic that ptxas folds into the copy's immediate offset
     _COPY = ("{\n\t.reg .u64 pn_g;\n\tcvta.to.global.u64 pn_g, $1;\n"
              "\tcp.async.cg.shared.global [$0], [pn_g], 16;\n}")
 
@@ -58,10 +57,10 @@ else:
         builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), list(operands))
 
     def _shared_address(builder, pointer):
-        fnty = ir.FunctionType(_I64, [_I64])
-        window = builder.call(ir.InlineAsm(fnty, _TO_SHARED, "=l,l", side_effect=False),
-                              [builder.ptrtoint(pointer, _I64)])
-        return builder.trunc(window, _I32)
+        # generic -> shared address space: for a shared array NVVM folds the round
+        # trip (the array's own address is a constant of the shared window)
+        shared = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, 3))
+        return builder.ptrtoint(shared, _I32)
 
     @intrinsic
     def copy16_async(typingctx, dst, dst_flat, src, src_flat):

@@ -148,6 +148,12 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     v_rows = lane_rows(v_flat if STAGE_V else k_flat)
 
     @device_function
+    def wide(block, stride):
+        """``block * stride`` (both non-negative int32) as int64: one 32 x 32 -> 64
+        multiply."""
+        return int64(uint32(block)) * int64(uint32(stride))
+
+    @device_function
     def chunk(stage, c, tid):
         """Flat index in the ring of this thread's chunk ``c`` of ``stage``."""
         return ((stage * CPS + c) * NT + tid) * VEC
@@ -171,13 +177,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         # int32 token and in-block arithmetic, int64 only for block * block stride
         kb0, k_blk, k_tok, k_v4 = krows
         vb0, v_blk, v_tok, _ = vrows
-        if ONE_BLOCK and s0 >= lo and s0 + STEP - 1 <= hi:
+        if ONE_BLOCK and s0 >= lo and int32(s0 + STEP - 1) <= hi:
             b = int32(uint32(s0) // uint32(BLOCK_SIZE))
             if not PREFETCH:
                 blk = block_tables[seq, b]
             off = int32(s0 - b * BLOCK_SIZE)
-            kt = int64(blk) * int64(k_blk) + int32(kb0 + (off + r) * k_tok)
-            vt = int64(blk) * int64(v_blk) + int32(vb0 + (off + g) * v_tok)
+            kt = wide(blk, k_blk) + int32(kb0 + (off + r) * k_tok)
+            vt = wide(blk, v_blk) + int32(vb0 + (off + g) * v_tok)
             for i in range(KV4):
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
@@ -187,15 +193,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         else:
             t = int32(min(max(s0 + r, lo), hi))
             b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            kt = (int64(block_tables[seq, b]) * int64(k_blk)
-                  + int32(kb0 + (t - b * BLOCK_SIZE) * k_tok))
+            kt = wide(block_tables[seq, b], k_blk) + int32(kb0 + (t - b * BLOCK_SIZE) * k_tok)
             for i in range(KV4):
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
                     t = int32(min(max(s0 + g + k * TG, lo), hi))
                     b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                    vt = (int64(block_tables[seq, b]) * int64(v_blk)
+                    vt = (wide(block_tables[seq, b], v_blk)
                           + int32(vb0 + (t - b * BLOCK_SIZE) * v_tok))
                     copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
         commit_group()
@@ -333,11 +338,12 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             if soft_cap > 0.0:
                 z0 = cap2 * math.tanh(z0 / cap2)
                 z1 = cap2 * math.tanh(z1 / cap2)
-            z0 += slope * float32(t0 - qpos)
-            z1 += slope * float32(t0 + 1 - qpos)
+            t1 = int32(t0 + 1)
+            z0 += slope * float32(int32(t0 - qpos))
+            z1 += slope * float32(int32(t1 - qpos))
             if r >= HPB or t0 < start or t0 >= end:
                 z0 = NEG_INF
-            if r >= HPB or t0 + 1 < start or t0 + 1 >= end:
+            if r >= HPB or t1 < start or t1 >= end:
                 z1 = NEG_INF
             m_new = max(m_run, quad_max(max(z0, z1)))
             grew = m_new > m_run
