@@ -141,7 +141,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             vector ``vec`` of ``kvh``, in elements: int32 (a block's elements fit)."""
             b0 = flat(pool, 0, kvh, 0, vec)
             return (int32(b0), int32(flat(pool, 1, kvh, 0, vec) - b0),
-                    int32(flat(pool, 0, kvh, 1, vec) - b0), int32(flat(pool, 0, kvh, 0, vec + 4) - b0))
+                    int32(flat(pool, 0, kvh, 1, vec) - b0),
+                    int32(flat(pool, 0, kvh, 0, vec + 4) - b0))
         return rows
 
     k_rows = lane_rows(k_flat)
