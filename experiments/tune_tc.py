@@ -22,7 +22,11 @@ VARIANTS = {
     "no-register-cap": dict(max_registers=None),
     "no-prefetch": dict(prefetch=False),
     "default-hnd": dict(layout="hnd"),
+    "default-vllm": dict(layout="vllm"),
+    "pv-mma": dict(pv_mma=True),                     # P @ V on tensor cores too
 }
+# variants whose rounding differs from the default's: compared, not required equal
+OTHER_ROUNDING = {"pv-mma"}
 
 _factory = decode_tc.decode_tc_kernel
 
@@ -60,10 +64,11 @@ def check(head_size, num_kv_heads, group, block_size, lens, parts=(None, 3), see
     for name, extra in VARIANTS.items():
         for p, a, b in zip(parts, outs["default"], outs[name]):
             diff = float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
-            good = diff == 0       # every knob above leaves the arithmetic as it is
+            exact = name not in OTHER_ROUNDING
+            good = diff == 0 or not exact    # the other knobs leave the arithmetic as it is
             ok &= good
             print(f"{name:28} P={p}: max |diff| to the default = {diff:.2e} "
-                  f"(bit-identical required) "
+                  f"({'bit-identical required' if exact else 'other rounding'}) "
                   f"{'ok' if good else 'FAIL'}", flush=True)
     return ok
 

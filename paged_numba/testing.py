@@ -28,6 +28,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .kernels.decode import heads_per_block
+from .kernels import decode_tc
 from .kernels.decode_tc import supports as tensor_cores_apply
 from .layouts import from_nhd
 from .reference import gather_kv, logits, paged_decode_reference
@@ -253,6 +254,13 @@ U32 = 2.0 ** -24   # unit roundoff of float32, the precision every kernel comput
 # "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): the dot products
 # of the tensor-core decode kernel are bounded with 4 units of fp32 roundoff.
 TENSOR_CORE_U = 4 * U32
+# P @ V on tensor cores (``decode_tc_kernel(pv_mma=True)``, off by default): each
+# 8-token step is two ``mma.m16n8k8`` into the running output, one with the
+# hi and one with the lo half of the weights (``kernels.mma.split_pack``).
+# Each mma adds its nonzero products and C with TENSOR_CORE_U per term, so a
+# sequence of n tokens in ``steps`` steps is a sum of at most 2 n + 4 steps
+# terms; the split leaves the weights within (relative, absolute) of these:
+PV_WEIGHT_ERROR = {"float16": (2.0 ** -22, 2.0 ** -40), "bfloat16": (2.0 ** -16, 0.0)}
 
 
 def config_id(config):
@@ -295,7 +303,7 @@ def gamma(n, u=U32):
 
 
 def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, dot_u=U32,
-                          **variants):
+                          pv=None, **variants):
     """Rounding-error bounds for fp32 softmax attention of one query row.
 
     A first-order forward error analysis of what any fp32 kernel computes,
@@ -312,7 +320,11 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
       terms, each exp/log is off by a few ulps, and every merge of partial
       states adds two more roundings:
       ``|d out_d| <= (2 E_s + gamma(L + 2 num_merges + transcendental_ulps)) * sum_j w_j |v_jd|``;
-    * ``|d lse| <= E_s + gamma(L + 2 num_merges + transcendental_ulps) + u |lse|``.
+    * ``|d lse| <= E_s + gamma(L + 2 num_merges + transcendental_ulps) + u |lse|``;
+    * with ``pv = (steps, w_rel, w_abs)`` (P @ V on tensor cores in ``steps``
+      8-token steps, weights within ``w_rel`` relative and ``w_abs`` absolute),
+      the output's ``gamma(L)`` share becomes ``gamma(2 L + 4 steps,
+      TENSOR_CORE_U) + w_rel``, and ``w_abs * sum_j |v_jd|`` is added.
 
     Returns ``(bound_out [num_heads, head_size], bound_lse [num_heads])``; the
     final rounding to the output dtype is added by :func:`check_close`.
@@ -331,6 +343,9 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     dot_u : float
         Unit roundoff of the q.k accumulation (:data:`TENSOR_CORE_U` for
         tensor cores).
+    pv : tuple, optional
+        ``(steps, w_rel, w_abs)`` for P @ V on tensor cores
+        (:data:`PV_WEIGHT_ERROR`); None for fp32 FMAs.
     **variants
         ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
 
@@ -370,10 +385,18 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     w /= w.sum(axis=1, keepdims=True)
     spread = np.einsum("hk,khd->hd", w, np.abs(np.repeat(v, group, axis=1)))  # sum_j w_j |v_jd|
     g = gamma(k.shape[0] + 2 * num_merges + transcendental_ulps)
-    return (2 * e_s + g)[:, None] * spread, e_s + g + U32 * np.abs(lse)
+    if pv is None:
+        bound = (2 * e_s + g)[:, None] * spread
+    else:
+        steps, w_rel, w_abs = pv
+        g_pv = (gamma(2 * num_merges + transcendental_ulps)
+                + gamma(2 * k.shape[0] + 4 * steps, TENSOR_CORE_U) + w_rel)
+        bound = ((2 * e_s + g_pv)[:, None] * spread
+                 + w_abs * np.abs(np.repeat(v, group, axis=1)).sum(axis=0))
+    return bound, e_s + g + U32 * np.abs(lse)
 
 
-def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants):
+def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None, **variants):
     """:func:`attention_error_bound` for every sequence of a :class:`DecodeProblem`.
 
     Merges counted: one per token (the decode kernel rescales its running
@@ -381,7 +404,9 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
     one non-empty state per warp that saw tokens) plus one per split-K
     partition (at most the table's capacity in tokens when
     ``num_partitions`` is None). Where ``paged_decode`` runs the tensor-core
-    kernel, the logits are bounded with :data:`TENSOR_CORE_U`.
+    kernel, the logits are bounded with :data:`TENSOR_CORE_U` and P @ V as in
+    :data:`PV_WEIGHT_ERROR`, with at most ``min(n, ceil(n / 8) + 2
+    num_partitions)`` 8-token steps for ``n`` tokens.
 
     Parameters
     ----------
@@ -391,6 +416,9 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
     scale : float, optional
         Default ``1 / sqrt(head_size)``.
     num_partitions : int, optional
+    pv_mma : bool, optional
+        Whether the tensor-core kernel does P @ V on tensor cores; default
+        ``kernels.decode_tc.PV_MMA``, what ``paged_decode`` runs.
     **variants
         As in :func:`attention_error_bound`.
 
@@ -417,15 +445,17 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants)
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
     hpb = heads_per_block(problem.num_heads // problem.num_kv_heads)
-    dot_u = (TENSOR_CORE_U if tensor_cores_apply(problem.head_size, hpb, problem.dtype, problem.layout)
-             else U32)
+    tc = tensor_cores_apply(problem.head_size, hpb, problem.dtype, problem.layout)
+    dot_u = TENSOR_CORE_U if tc else U32
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
+        pv = None
+        if tc and (decode_tc.PV_MMA if pv_mma is None else pv_mma):
+            pv = (min(int(n), -(-int(n) // 8) + 2 * num_partitions), *PV_WEIGHT_ERROR[problem.dtype])
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
-                                                       dot_u=dot_u,
-                                                       **variants)
+                                                       dot_u=dot_u, pv=pv, **variants)
     return bound, bound_lse
 
 

@@ -1,4 +1,5 @@
 """paged_decode and merge_states against the float64 dense reference."""
+import contextlib
 import itertools
 import math
 
@@ -88,6 +89,38 @@ def test_decode_matches_reference(config, data):
     extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
     check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
                  **extra)
+
+
+@contextlib.contextmanager
+def pv_on_tensor_cores():
+    """``paged_decode`` (and the bounds) with P @ V on tensor cores."""
+    from paged_numba.kernels import decode_tc
+    saved, decode_tc.PV_MMA = decode_tc.PV_MMA, True
+    try:
+        yield
+    finally:
+        decode_tc.PV_MMA = saved
+
+
+# P @ V on tensor cores: a tensor-core cache (fp16/bf16, head 32-256) in every layout
+PV_CONFIGS = ([dict(head_sizes=(32, 64), dtypes=("float16", "bfloat16"), groups=(1, 2, 4))] if SIM
+              else [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,))
+                    for hs, bs, lay, dt in itertools.product(
+                        (64, 128, 256), (5, 16), LAYOUTS, ("float16", "bfloat16"))])
+
+
+@pytest.mark.parametrize("config", PV_CONFIGS, ids=config_id)
+@settings(max_examples=6 if SIM else settings().max_examples)
+@given(data=st.data())
+def test_decode_with_pv_on_tensor_cores_matches_reference(config, data):
+    """The P @ V mma path (weights as hi + lo halves), held to its own bound
+    (``testing.attention_error_bound(pv=...)``); the bound fails it when the
+    lo half is dropped (checked on the simulator)."""
+    p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
+    extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
+    with pv_on_tensor_cores():
+        check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
+                     **extra)
 
 
 @pytest.mark.parametrize("config", PLACEMENT_CONFIGS, ids=config_id)

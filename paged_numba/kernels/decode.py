@@ -132,7 +132,7 @@ def lane_reducer(mask, op_max):
     return reduce
 
 
-def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32):
+def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None):
     """Device function ``merge(out, lse, seq, part, h0, warp, tid, g, lane_r, acc,
     m_s, l_s, acc_s)``: the decode kernels' epilogue. Each warp holds its own
     softmax state for the ``hpb`` query heads from ``h0``: ``m_s[warp, hh]``,
@@ -142,18 +142,24 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32):
     It sums the token groups with shuffles and merges the warps with the (m, l)
     rule through ``acc_s [num_warps, head_size]`` float32 shared memory, then
     writes ``out[seq, part, h0 + hh, :]`` (through ``from_f32``) and the
-    natural-log ``lse[seq, part, h0 + hh]`` (``-inf`` when no key was seen)."""
+    natural-log ``lse[seq, part, h0 + hh]`` (``-inf`` when no key was seen).
+
+    ``put_row(acc_s, warp, hh, g, lane_r, acc, f)``, when given, replaces the
+    token-group sums and the store of ``f`` times head ``hh``'s row into
+    ``acc_s[warp]``, for partial outputs held in another layout."""
     NW, HPB, D, VEC, VPL, LPR = num_warps, hpb, head_size, vec, vpl, lpr
     NVEC = D // VEC
     NT = 32 * NW
     ACC = VPL * VEC
     group_sum = lane_reducer(31 & ~(LPR - 1), False)
+    OWN_ROWS = put_row is not None
 
     @device_function
     def merge(out, lse, seq, part, h0, warp, tid, g, lane_r, acc, m_s, l_s, acc_s):
-        for hh in range(HPB):
-            for j in range(ACC):
-                acc[hh, j] = group_sum(acc[hh, j])
+        if not OWN_ROWS:
+            for hh in range(HPB):
+                for j in range(ACC):
+                    acc[hh, j] = group_sum(acc[hh, j])
         cuda.syncthreads()  # wait for every warp's (m, l)
         for hh in range(HPB):
             mx = NEG_INF
@@ -167,7 +173,9 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32):
             f = float32(0.0)
             if total > 0.0 and m_s[warp, hh] != NEG_INF:
                 f = math.exp2(m_s[warp, hh] - mx) / total
-            if g == 0:
+            if OWN_ROWS:
+                put_row(acc_s, warp, hh, g, lane_r, acc, f)
+            elif g == 0:
                 for i in range(VPL):
                     v = lane_r + i * LPR
                     if v < NVEC:

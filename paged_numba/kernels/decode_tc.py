@@ -44,7 +44,7 @@ from .access import device_function, vector_accessors, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
-from .mma import load_words, mma_m16n8k16
+from .mma import ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .vector import load16
 
 HEAD_SIZES = (32, 64, 128, 256)
@@ -52,6 +52,7 @@ LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
+PV_MMA = False   # paged_decode's choice of decode_tc_kernel(pv_mma=...); see the factory
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
 
 
@@ -75,11 +76,12 @@ def saturating_blocks(head_size, num_warps):
     return max(1, -(-SATURATING_WARP_DIMS // (num_warps * head_size)))
 
 
-def ring_stages(head_size, num_warps, stages, layout):
+def ring_stages(head_size, num_warps, stages, layout, pv_mma=False):
     """Ring depth that fits the static shared memory (0 if not even 2 fit)."""
     nvec = head_size // 8
     lpr = min(32, nvec)
-    cps = nvec // 4 + (STEP * lpr // 32 if layout != "vllm" else 0)   # chunks per lane, step
+    staged = pv_mma or layout != "vllm"                 # values in the ring
+    cps = nvec // 4 + (STEP * lpr // 32 if staged else 0)   # chunks per lane, step
     room = SHARED_BYTES - 4 * (num_warps * head_size + 3 * num_warps * MAX_HPB
                                + num_warps * STEP * MAX_HPB) - 512
     fit = room // (cps * 32 * num_warps * 16)
@@ -89,14 +91,18 @@ def ring_stages(head_size, num_warps, stages, layout):
 @functools.cache
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
-                     unroll_pv=True, prefetch=True):
+                     unroll_pv=True, prefetch=True, pv_mma=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
     the rest); ``unroll_pv`` writes the P @ V token loop out; ``prefetch``
     keeps the block numbers of the warp's next 32 steps in its lanes (block
     sizes that are multiples of 8). None of the three changes the arithmetic:
-    outputs are bit-identical either way."""
+    outputs are bit-identical either way. ``pv_mma`` does P @ V on tensor
+    cores too (``mma.m16n8k8``, the weights split into hi + lo halves): other
+    rounding, bounded in ``testing.attention_error_bound(pv=...)``. It is off
+    unless ``PV_MMA`` is set: on the H200 it ran as fast as the FMA path
+    (``experiments/NOTES.md``, session 7)."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
@@ -115,10 +121,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     TPL = STEP // TG                      # value tokens per lane and step
     NW = num_warps
     NT = 32 * NW
-    STAGES = ring_stages(D, NW, stages, layout)
-    STAGE_V = layout != "vllm"            # "vllm" value rows are strided: read directly
+    PV = pv_mma
+    STAGES = ring_stages(D, NW, stages, layout, PV)
+    STAGE_V = layout != "vllm"            # "vllm" value rows are strided: not cp.async
+    NMMA = D // 16                        # P @ V on tensor cores: 16-dim output tiles
+    NLDM = NVEC // 4                      # ... and ldmatrix.x4 loads a step
     assert STAGES >= 2, "the copy ring does not fit: use fewer warps"
-    CPS = KV4 + (TPL if STAGE_V else 0)   # 16-byte chunks per lane and step
+    CPS = KV4 + (TPL if STAGE_V or PV else 0)   # 16-byte chunks per lane and step
     RING = STAGES * CPS * NT * VEC
     ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
     SMEM_T = STORAGE[dtype]
@@ -129,10 +138,25 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     _, v_vec = vector_accessors(layout, dtype)
     wait_stages = wait_group(STAGES - 1)
     mma = mma_m16n8k16(dtype)
+    mma8 = mma_m16n8k8(dtype)
+    split_p = split_pack(dtype)
     _, from_f32 = codec("float32" if split else dtype)
     quad_max = lane_reducer(3, True)            # over the 4 lanes of a head row
     quad_sum = lane_reducer(3, False)
-    merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32)
+    if PV:
+        @device_function
+        def put_row(acc_s, warp, hh, r, c, o, f):
+            """Lanes of column pair ``hh // 2`` hold head ``hh``'s output in their
+            mma tiles: dims ``16 i + r`` and ``16 i + r + 8``; the 2**15 of the
+            weights comes off here (exactly)."""
+            if c == hh // 2:
+                f = f * float32(2.0 ** -15)
+                for i in range(NMMA):
+                    acc_s[warp, 16 * i + r] = o[i, hh % 2] * f
+                    acc_s[warp, 16 * i + r + 8] = o[i, 2 + hh % 2] * f
+        merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32, put_row)
+    else:
+        merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32)
 
     def lane_rows(flat):
         @device_function
@@ -160,6 +184,17 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         return ((stage * CPS + c) * NT + tid) * VEC
 
     @device_function
+    def vdst(stage, k, tid, vsw):
+        """Ring index of the lane's value copy ``k`` (token ``t = g + k * TG``,
+        vector ``lr``). For P @ V on tensor cores the slot in the copy's strip is
+        XOR-swizzled by ``t % 8`` (``vsw = lane ^ (g % 8)`` is the lane's share):
+        the copies stay conflict-free, and the eight rows of each ldmatrix phase
+        (one vector, tokens 0..7) fall in eight distinct 16-byte bank groups."""
+        if PV:
+            return ((stage * CPS + KV4 + k) * NT + (tid & ~31) + (vsw ^ ((k * TG) & 7))) * VEC
+        return chunk(stage, KV4 + k, tid)
+
+    @device_function
     def step_blocks(block_tables, seq, astart, warp, j0, end, lane):
         """Lane ``lane``'s entry of the warp's block-number window: the block
         of the first token of step ``j0 + lane`` (0 past the end)."""
@@ -171,7 +206,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
 
     @device_function
     def issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows, s0, lo, hi,
-              stage, r, g, tid, blk):
+              stage, r, g, tid, blk, vsw):
         """Copy the step's key vectors (token ``s0 + r``) and value vectors
         (tokens ``s0 + g + k * TG``) into ``stage`` of the ring, as one group;
         tokens outside ``[lo, hi]`` copy token ``lo`` or ``hi`` instead."""
@@ -189,7 +224,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
-                    copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache,
+                    copy16_async(ring, vdst(stage, k, tid, vsw), value_cache,
                                  vt + int32((k * TG) * v_tok))
         else:
             t = int32(min(max(s0 + r, lo), hi))
@@ -203,7 +238,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     b = int32(uint32(t) // uint32(BLOCK_SIZE))
                     vt = (wide(block_tables[seq, b], v_blk)
                           + int32(vb0 + (t - b * BLOCK_SIZE) * v_tok))
-                    copy16_async(ring, chunk(stage, KV4 + k, tid), value_cache, vt)
+                    copy16_async(ring, vdst(stage, k, tid, vsw), value_cache, vt)
         commit_group()
 
     @device_function
@@ -222,6 +257,21 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         for hh in range(HPB):
             for e in range(VEC):
                 acc[hh, e] += pr[hh] * vr[e]
+
+    @device_function
+    def gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0, start, hi,
+                      g, lr, vsw):
+        """P @ V on tensor cores with "vllm" value rows (strided by the block
+        size, so not ``cp.async``): store the lane's value vectors where the
+        other layouts' copies put them, element by element."""
+        for k in range(TPL):
+            t = int32(min(max(s0 + g + k * TG, start), hi))
+            b = int32(uint32(t) // uint32(BLOCK_SIZE))
+            blk = block_tables[seq, b]
+            tok = int32(t - b * BLOCK_SIZE)
+            base = vdst(stage, k, tid, vsw)
+            for e in range(VEC):
+                ring[base + e] = value_cache[blk, kvh, lr * VEC + e, tok]
 
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))
@@ -281,9 +331,19 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         for hh in range(HPB):
             for e in range(VEC):
                 acc[hh, e] = 0.0
+        o = cuda.local.array((NMMA, 4), float32)   # PV: the mma tiles of O^T
+        for i in range(NMMA):
+            for e in range(4):
+                o[i, e] = 0.0
         kw = cuda.local.array(KW, uint32)
         vr = cuda.local.array(VEC, float32)
         pr = cuda.local.array(HP4, float32)
+        # P @ V on tensor cores: the swizzle's lane shares (see vdst); ldmatrix
+        # x4 number k reads vectors 4k + j, lane 8j + t naming token t's row
+        vsw = int32(lane ^ (g & 7))
+        lt = int32(lane & 7)
+        lrow = int32((((lt % TG) * LPR + (lane >> 3)) ^ lt) + warp * 32)
+        lstrip = int32(KV4 + lt // TG)
         krows = k_rows(key_cache, kvh, c)
         vrows = v_rows(value_cache, kvh, lr)
 
@@ -300,12 +360,15 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
             if j < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      int32(astart + (warp + j * NW) * STEP), start, hi, j, r, g, tid, blk)
+                      int32(astart + (warp + j * NW) * STEP), start, hi, j, r, g, tid, blk,
+                      vsw)
             else:
                 commit_group()
         stage = int32(0)
         nxt_stage = int32(STAGES - 1)
         for j in range(nsteps):
+            if PV:
+                cuda.syncwarp()                      # last step's ldmatrix reads are done
             nxt = int32(j + STAGES - 1)
             blk = int32(0)
             if PREFETCH:
@@ -315,12 +378,17 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             if nxt < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
                       int32(astart + (warp + nxt * NW) * STEP), start, hi, nxt_stage, r, g, tid,
-                      blk)
+                      blk, vsw)
             else:
                 commit_group()
             nxt_stage = int32(nxt_stage + 1 if nxt_stage + 1 < STAGES else 0)
             wait_stages()                           # this step's group has landed
             s0 = int32(astart + (warp + j * NW) * STEP)
+            if PV:
+                if not STAGE_V:
+                    gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0,
+                                  start, hi, g, lr, vsw)
+                cuda.syncwarp()                      # every lane's rows are in the ring
             # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
             for i in range(KV4):
                 kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = load_words(
@@ -358,6 +426,33 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 p1 = math.exp2(z1 - m_new)
             l_run = l_run * alpha + p0 + p1
             m_run = m_new
+            if PV:
+                # -- P @ V on tensor cores: O^T += V^T P^T, 16 dims x 8 heads a tile;
+                # this lane's (p0, p1) is P^T's B fragment as it stands
+                p_hi, p_lo = split_p(p0, p1)
+                if cuda.any_sync(FULL_MASK, grew):
+                    a_even = cuda.shfl_sync(FULL_MASK, alpha, 8 * c)       # head 2c
+                    a_odd = cuda.shfl_sync(FULL_MASK, alpha, 8 * c + 4)    # head 2c + 1
+                    for i in range(NMMA):
+                        o[i, 0] *= a_even
+                        o[i, 1] *= a_odd
+                        o[i, 2] *= a_even
+                        o[i, 3] *= a_odd
+                for k in range(NLDM):
+                    w0, w1, w2, w3 = ldmatrix_x4_trans(
+                        ring, ((stage * CPS + lstrip) * NT + (lrow ^ (4 * k))) * VEC)
+                    o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3] = mma8(
+                        w0, w1, p_lo, o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3])
+                    o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3] = mma8(
+                        w0, w1, p_hi, o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3])
+                    o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2], o[2 * k + 1, 3] = mma8(
+                        w2, w3, p_lo, o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2],
+                        o[2 * k + 1, 3])
+                    o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2], o[2 * k + 1, 3] = mma8(
+                        w2, w3, p_hi, o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2],
+                        o[2 * k + 1, 3])
+                stage = int32(stage + 1 if stage + 1 < STAGES else 0)
+                continue
             cuda.syncwarp()                          # the last step's reads of p_s are done
             if r < HPB:
                 p_s[warp, 2 * c, r] = p0
@@ -399,6 +494,9 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if c == 0 and r < HPB:
             m_s[warp, r] = m_run
             l_s[warp, r] = l_run
-        merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
+        if PV:
+            merge_warps(out, lse, seq, part, h0, warp, tid, r, c, o, m_s, l_s, acc_s)
+        else:
+            merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
 
     return paged_decode_tc_kernel

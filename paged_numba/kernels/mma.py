@@ -20,9 +20,26 @@ it. With ``r = lane // 4`` and ``c = lane % 4``::
 (``a*`` and ``b*`` are words of two elements; the products are exact in
 float32 and accumulated in float32.) All 32 lanes must call it together.
 
+``mma_m16n8k8(dtype)`` is the same with ``K = 8``: ``mma(a0, a1, b0, c0, c1,
+c2, c3)`` with ``a0 = A[r, 2c:2c+2]``, ``a1 = A[r+8, 2c:2c+2]``, ``b0 =
+B[2c:2c+2, r]`` and ``C`` as above.
+
+``ldmatrix_x4_trans(arr, flat)`` (``arr`` a shared array of 16-bit elements):
+lanes ``8j .. 8j+7`` each name one 16-byte row (8 elements at flat index
+``flat``, 16-byte aligned) of an 8 x 8 matrix ``M_j``; every lane gets four
+words, word ``j`` holding ``M_j[2c, r]`` (low half) and ``M_j[2c+1, r]``: the
+transposed fragment, which is ``a0``/``a1`` of ``mma_m16n8k8`` when the rows
+of ``M_j`` are its ``K`` index. All 32 lanes must call it together.
+
+``split_pack(dtype)`` returns ``split(x0, x1) -> (hi, lo)``: the words of
+``y = x * 2**15`` in ``dtype``, ``hi = round(y)`` and ``lo = round(y - hi)``,
+``x0`` in the low half. ``hi + lo`` is ``y`` within ``2**-22 |y| + 2**-25``
+(fp16) or ``2**-16 |y|`` (bf16) for ``0 <= x <= 1``; the scale keeps small
+fp16 weights out of the subnormal range.
+
 On the GPU these are inline PTX (``ld.*.v4.u32`` through an LLVM vector load,
-``mma.sync``); under the simulator the lanes meet in the warp-operation
-rendezvous of ``paged_numba._simulator`` and each computes its own outputs
+``mma.sync``, ``ldmatrix``, ``cvt.rn.f16x2.f32``); under the simulator the
+lanes meet in the warp-operation rendezvous of ``paged_numba._simulator`` and each computes its own outputs
 from every lane's fragments in float64, rounded to float32.
 """
 import functools
@@ -66,6 +83,52 @@ if config.ENABLE_CUDASIM:
             out = np.diagonal(d) + np.array([c0, c1, c2, c3], dtype=np.float64)
             return tuple(np.float32(x) for x in out)
         return mma
+
+    @functools.cache
+    def mma_m16n8k8(dtype):
+        from .._simulator import _rendezvous
+
+        def mma(a0, a1, b0, c0, c1, c2, c3):
+            lane, _, frags = _rendezvous(0xFFFFFFFF, "mma8", (a0, a1, b0))
+            A = np.zeros((16, 8))
+            B = np.zeros((8, 8))
+            for ln, (x0, x1, y0) in frags.items():
+                r, c = divmod(ln, 4)
+                A[r, 2 * c:2 * c + 2] = _halves(x0, dtype)
+                A[r + 8, 2 * c:2 * c + 2] = _halves(x1, dtype)
+                B[2 * c:2 * c + 2, r] = _halves(y0, dtype)
+            r, c = divmod(lane, 4)
+            d = A[[r, r, r + 8, r + 8]] @ B[:, [2 * c, 2 * c + 1, 2 * c, 2 * c + 1]]
+            out = np.diagonal(d) + np.array([c0, c1, c2, c3], dtype=np.float64)
+            return tuple(np.float32(x) for x in out)
+        return mma
+
+    def ldmatrix_x4_trans(arr, flat):
+        from .._simulator import _rendezvous
+        a = _host_flat(arr)
+        row = tuple(int(x) for x in a[flat:flat + 8].view(np.uint16))
+        lane, _, rows = _rendezvous(0xFFFFFFFF, "ldmatrix", row)
+        r, c = divmod(lane, 4)
+        return tuple(rows[8 * j + 2 * c][r] | (rows[8 * j + 2 * c + 1][r] << 16)
+                     for j in range(4))
+
+    def _round_half(y, dtype):
+        """(bits, value) of float32 ``y`` rounded to ``dtype``."""
+        if dtype == "bfloat16":
+            from .convert import _round_to_bf16_bits
+            bits = _round_to_bf16_bits(int(np.float32(y).view(np.uint32)))
+            return bits, np.uint32(bits << 16).view(np.float32)
+        h = np.float16(y)
+        return int(h.view(np.uint16)), np.float32(h)
+
+    @functools.cache
+    def split_pack(dtype):
+        def split(x0, x1):
+            y = [np.float32(x0) * np.float32(2.0 ** 15), np.float32(x1) * np.float32(2.0 ** 15)]
+            hi = [_round_half(v, dtype) for v in y]
+            lo = [_round_half(np.float32(v - h[1]), dtype) for v, h in zip(y, hi)]
+            return hi[0][0] | (hi[1][0] << 16), lo[0][0] | (lo[1][0] << 16)
+        return split
 
 else:
     from llvmlite import ir
@@ -115,3 +178,82 @@ else:
             return types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
 
         return mma
+
+
+    @functools.cache
+    def mma_m16n8k8(dtype):
+        kind = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+        text = (f"mma.sync.aligned.m16n8k8.row.col.f32.{kind}.{kind}.f32 "
+                "{$0,$1,$2,$3}, {$4,$5}, {$6}, {$7,$8,$9,$10};")
+        constraints = ",".join(["=f"] * 4 + ["r"] * 3 + ["f"] * 4)
+
+        @intrinsic
+        def mma(typingctx, a0, a1, b0, c0, c1, c2, c3):
+            sig = types.UniTuple(types.float32, 4)(
+                types.uint32, types.uint32, types.uint32,
+                types.float32, types.float32, types.float32, types.float32)
+
+            def codegen(context, builder, sig_, args):
+                vals = [context.cast(builder, v, t, s)
+                        for v, t, s in zip(args, sig_.args, sig.args)]
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_U32] * 3 + [_F32] * 4)
+                res = builder.call(ir.InlineAsm(fnty, text, constraints), vals)
+                outs = [builder.extract_value(res, e) for e in range(4)]
+                return context.make_tuple(builder, sig.return_type, outs)
+
+            return types.UniTuple(types.float32, 4)(a0, a1, b0, c0, c1, c2, c3), codegen
+
+        return mma
+
+    @intrinsic
+    def ldmatrix_x4_trans(typingctx, arr, flat):
+        if not (isinstance(arr, types.Array) and arr.dtype.bitwidth == 16):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(arr, flat)
+
+        def codegen(context, builder, sig, args):
+            from .async_copy import _shared_address
+            arr_ty, flat_ty = sig.args
+            base = _shared_address(builder, context.make_array(arr_ty)(context, builder,
+                                                                       args[0]).data)
+            i = builder.trunc(context.cast(builder, args[1], flat_ty, types.intp), _U32)
+            addr = builder.add(base, builder.mul(i, ir.Constant(_U32, 2)))
+            fnty = ir.FunctionType(ir.LiteralStructType([_U32] * 4), [_U32])
+            text = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];"
+            res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r,~{memory}",
+                                            side_effect=True), [addr])
+            words = [builder.extract_value(res, e) for e in range(4)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return sig, codegen
+
+    _SPLIT = {
+        "float16": ("cvt.rn.f16x2.f32 $0, b, a;\n\tmov.b32 {h, k}, $0;\n"
+                    "\tcvt.f32.f16 x, h;\n\tcvt.f32.f16 y, k;\n"),
+        "bfloat16": ("cvt.rn.bf16x2.f32 $0, b, a;\n\tshl.b32 t, $0, 16;\n"
+                     "\tand.b32 u, $0, 0xFFFF0000;\n\tmov.b32 x, t;\n\tmov.b32 y, u;\n"),
+    }
+
+    @functools.cache
+    def split_pack(dtype):
+        cvt = "cvt.rn.f16x2.f32" if dtype == "float16" else "cvt.rn.bf16x2.f32"
+        text = ("{\n\t.reg .f32 a, b, x, y;\n\t.reg .b16 h, k;\n\t.reg .b32 t, u;\n"
+                "\tmul.f32 a, $2, 0f47000000;\n\tmul.f32 b, $3, 0f47000000;\n\t"
+                + _SPLIT[dtype]
+                + f"\tsub.f32 a, a, x;\n\tsub.f32 b, b, y;\n\t{cvt} $1, b, a;\n}}")
+
+        @intrinsic
+        def split(typingctx, x0, x1):
+            sig = types.UniTuple(types.uint32, 2)(types.float32, types.float32)
+
+            def codegen(context, builder, sig_, args):
+                vals = [context.cast(builder, v, t, s)
+                        for v, t, s in zip(args, sig_.args, sig.args)]
+                fnty = ir.FunctionType(ir.LiteralStructType([_U32] * 2), [_F32] * 2)
+                res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,f,f"), vals)
+                return context.make_tuple(builder, sig.return_type,
+                                          [builder.extract_value(res, e) for e in range(2)])
+
+            return types.UniTuple(types.uint32, 2)(x0, x1), codegen
+
+        return split
