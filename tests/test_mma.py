@@ -52,15 +52,20 @@ def test_mma_m16n8k16_is_a_times_b_plus_c(dtype):
 
     out = cuda.to_device(np.zeros((32, 4), np.float32))
     kernel[1, 32](cuda.to_device(frag_a), cuda.to_device(frag_b), cuda.to_device(frag_c), out)
-    got = out.copy_to_host()
+    # products are exact in fp32; 16 terms + C summed with at most TENSOR_CORE_U each
+    _check_tile(out.copy_to_host(), a, b, c, 17)
+
+
+def _check_tile(got, a, b, c, terms):
+    """Lane outputs ``got [32, 4]`` (the C/D fragment layout) against ``a @ b + c``,
+    each of the ``terms`` summands off by at most TENSOR_CORE_U."""
     d = np.zeros((16, 8))
     for lane in range(32):
         r, q = divmod(lane, 4)
         d[r, 2 * q:2 * q + 2], d[r + 8, 2 * q:2 * q + 2] = got[lane, :2], got[lane, 2:]
     exact = a.astype(np.float64) @ b.astype(np.float64) + c
-    # products are exact in fp32; 16 terms + C summed with at most TENSOR_CORE_U each
     mags = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + np.abs(c)
-    assert (np.abs(d - exact) <= 17 * TENSOR_CORE_U * mags).all()
+    assert (np.abs(d - exact) <= terms * TENSOR_CORE_U * mags).all()
 
 
 def test_load_words_returns_the_raw_16_bytes():
@@ -114,14 +119,7 @@ def test_mma_m16n8k8_is_a_times_b_plus_c(dtype):
 
     out = cuda.to_device(np.zeros((32, 4), np.float32))
     kernel[1, 32](cuda.to_device(frag), cuda.to_device(frag_c), out)
-    got = out.copy_to_host()
-    d = np.zeros((16, 8))
-    for lane in range(32):
-        r, q = divmod(lane, 4)
-        d[r, 2 * q:2 * q + 2], d[r + 8, 2 * q:2 * q + 2] = got[lane, :2], got[lane, 2:]
-    exact = a.astype(np.float64) @ b.astype(np.float64) + c
-    mags = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + np.abs(c)
-    assert (np.abs(d - exact) <= 9 * TENSOR_CORE_U * mags).all()
+    _check_tile(out.copy_to_host(), a, b, c, 9)
 
 
 def test_ldmatrix_x4_trans_gives_each_lane_the_transposed_pairs():

@@ -154,55 +154,44 @@ else:
 
         return sig, codegen
 
-    @functools.cache
-    def mma_m16n8k16(dtype):
+    def _mma_intrinsic(shape, dtype, words):
+        """An ``mma.sync.aligned.<shape>.row.col`` f32 += ``dtype`` intrinsic taking
+        ``words`` uint32 fragment words (A then B) and four float32 C values."""
         kind = {"float16": "f16", "bfloat16": "bf16"}[dtype]
-        text = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
-                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};")
-        constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+        na = words - (1 if shape == "m16n8k8" else 2)
+        ops = [f"${e}" for e in range(4 + words + 4)]
+        text = (f"mma.sync.aligned.{shape}.row.col.f32.{kind}.{kind}.f32 "
+                f"{{{','.join(ops[:4])}}}, {{{','.join(ops[4:4 + na])}}}, "
+                f"{{{','.join(ops[4 + na:4 + words])}}}, {{{','.join(ops[4 + words:])}}};")
+        constraints = ",".join(["=f"] * 4 + ["r"] * words + ["f"] * 4)
+        sig = types.UniTuple(types.float32, 4)(*([types.uint32] * words + [types.float32] * 4))
 
-        @intrinsic
-        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-            sig = types.UniTuple(types.float32, 4)(
-                types.uint32, types.uint32, types.uint32, types.uint32, types.uint32,
-                types.uint32, types.float32, types.float32, types.float32, types.float32)
-
-            def codegen(context, builder, sig_, args):
+        def typer(typingctx, *args):
+            def codegen(context, builder, sig_, vals):
                 vals = [context.cast(builder, v, t, s)
-                        for v, t, s in zip(args, sig_.args, sig.args)]
-                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_U32] * 6 + [_F32] * 4)
+                        for v, t, s in zip(vals, sig_.args, sig.args)]
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_U32] * words + [_F32] * 4)
                 res = builder.call(ir.InlineAsm(fnty, text, constraints), vals)
                 outs = [builder.extract_value(res, e) for e in range(4)]
                 return context.make_tuple(builder, sig.return_type, outs)
 
-            return types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+            return types.UniTuple(types.float32, 4)(*args), codegen
 
+        return typer
+
+    @functools.cache
+    def mma_m16n8k16(dtype):
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            return _mma_intrinsic("m16n8k16", dtype, 6)(typingctx, a0, a1, a2, a3, b0, b1,
+                                                        c0, c1, c2, c3)
         return mma
-
 
     @functools.cache
     def mma_m16n8k8(dtype):
-        kind = {"float16": "f16", "bfloat16": "bf16"}[dtype]
-        text = (f"mma.sync.aligned.m16n8k8.row.col.f32.{kind}.{kind}.f32 "
-                "{$0,$1,$2,$3}, {$4,$5}, {$6}, {$7,$8,$9,$10};")
-        constraints = ",".join(["=f"] * 4 + ["r"] * 3 + ["f"] * 4)
-
         @intrinsic
         def mma(typingctx, a0, a1, b0, c0, c1, c2, c3):
-            sig = types.UniTuple(types.float32, 4)(
-                types.uint32, types.uint32, types.uint32,
-                types.float32, types.float32, types.float32, types.float32)
-
-            def codegen(context, builder, sig_, args):
-                vals = [context.cast(builder, v, t, s)
-                        for v, t, s in zip(args, sig_.args, sig.args)]
-                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_U32] * 3 + [_F32] * 4)
-                res = builder.call(ir.InlineAsm(fnty, text, constraints), vals)
-                outs = [builder.extract_value(res, e) for e in range(4)]
-                return context.make_tuple(builder, sig.return_type, outs)
-
-            return types.UniTuple(types.float32, 4)(a0, a1, b0, c0, c1, c2, c3), codegen
-
+            return _mma_intrinsic("m16n8k8", dtype, 3)(typingctx, a0, a1, b0, c0, c1, c2, c3)
         return mma
 
     @intrinsic
