@@ -24,9 +24,11 @@ VARIANTS = {
     "default-hnd": dict(layout="hnd"),
     "default-vllm": dict(layout="vllm"),
     "pv-mma": dict(pv_mma=True),                     # P @ V on tensor cores too
+    "key-rows": dict(key_rows=True),                 # keys copied in rows, read by ldmatrix
+    "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
 }
 # variants whose rounding differs from the default's: compared, not required equal
-OTHER_ROUNDING = {"pv-mma"}
+OTHER_ROUNDING = {"pv-mma", "key-rows", "key-rows+pv-mma"}
 
 _factory = decode_tc.decode_tc_kernel
 

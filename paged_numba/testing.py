@@ -453,7 +453,8 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
         pv = None
         if tc and (decode_tc.PV_MMA if pv_mma is None else pv_mma):
-            pv = (min(int(n), -(-int(n) // 8) + 2 * num_partitions), *PV_WEIGHT_ERROR[problem.dtype])
+            steps = min(int(n), -(-int(n) // 8) + 2 * num_partitions)
+            pv = (steps, *PV_WEIGHT_ERROR[problem.dtype])
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
                                                        dot_u=dot_u, pv=pv, **variants)
     return bound, bound_lse

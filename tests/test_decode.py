@@ -92,33 +92,39 @@ def test_decode_matches_reference(config, data):
 
 
 @contextlib.contextmanager
-def pv_on_tensor_cores():
-    """``paged_decode`` (and the bounds) with P @ V on tensor cores."""
+def tensor_core_variant(**flags):
+    """``paged_decode`` (and the bounds) with the tensor-core kernel's opt-in
+    variants ``flags`` (``PV_MMA``, ``KEY_ROWS`` of ``kernels.decode_tc``) on."""
     from paged_numba.kernels import decode_tc
-    saved, decode_tc.PV_MMA = decode_tc.PV_MMA, True
+    saved = {k: getattr(decode_tc, k) for k in flags}
+    for k, v in flags.items():
+        setattr(decode_tc, k, v)
     try:
         yield
     finally:
-        decode_tc.PV_MMA = saved
+        for k, v in saved.items():
+            setattr(decode_tc, k, v)
 
 
 # P @ V on tensor cores: a tensor-core cache (fp16/bf16, head 32-256) in every layout
-PV_CONFIGS = ([dict(head_sizes=(32, 64), dtypes=("float16", "bfloat16"), groups=(1, 2, 4))] if SIM
+PV_CONFIGS = ([dict(head_sizes=(32,), dtypes=("float16", "bfloat16"), groups=(1, 2, 4))] if SIM
               else [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,))
                     for hs, bs, lay, dt in itertools.product(
                         (64, 128, 256), (5, 16), LAYOUTS, ("float16", "bfloat16"))])
 
 
+@pytest.mark.parametrize("flags", ["PV_MMA", "KEY_ROWS", "KEY_ROWS+PV_MMA"])
 @pytest.mark.parametrize("config", PV_CONFIGS, ids=config_id)
-@settings(max_examples=6 if SIM else settings().max_examples)
+@settings(max_examples=4 if SIM else settings().max_examples)
 @given(data=st.data())
-def test_decode_with_pv_on_tensor_cores_matches_reference(config, data):
-    """The P @ V mma path (weights as hi + lo halves), held to its own bound
-    (``testing.attention_error_bound(pv=...)``); the bound fails it when the
-    lo half is dropped (checked on the simulator)."""
+def test_decode_tensor_core_variants_match_reference(config, flags, data):
+    """The opt-in variants: P @ V on tensor cores (weights as hi + lo halves),
+    held to its own bound (``testing.attention_error_bound(pv=...)``; the bound
+    fails it when the lo half is dropped, checked on the simulator), and the
+    keys read by ldmatrix (the head dimension in another order)."""
     p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
     extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
-    with pv_on_tensor_cores():
+    with tensor_core_variant(**{f: True for f in flags.split("+")}):
         check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
                      **extra)
 
@@ -363,8 +369,12 @@ LAYOUT_CONFIGS = ([dict(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, groups=
 def test_layouts_and_page_table_forms_agree(config, data):
     """The same tokens in every layout, and the table in padded or CSR form,
     give the same output bit for bit."""
+    _layouts_agree(data.draw(decode_problems(max_kv_heads=2, layouts=("nhd",), **config),
+                             label="problem"))
+
+
+def _layouts_agree(p):
     from paged_numba.page_tables import padded_to_csr
-    p = data.draw(decode_problems(max_kv_heads=2, layouts=("nhd",), **config), label="problem")
     q, k, v = p.arrays()
     outs = []
     for layout in LAYOUTS:
@@ -375,6 +385,20 @@ def test_layouts_and_page_table_forms_agree(config, data):
     outs.append(pn.paged_decode(q, cache, csr, None, num_partitions=1))
     for other in outs[1:]:
         assert np.array_equal(outs[0], other)
+
+
+@pytest.mark.parametrize("flags", ["PV_MMA", "KEY_ROWS", "KEY_ROWS+PV_MMA"])
+@settings(max_examples=2 if SIM else 20)
+@given(data=st.data())
+def test_tensor_core_variants_agree_across_layouts(flags, data):
+    """The opt-in tensor-core variants give every layout (and the CSR table) the
+    same bits too ("vllm" values are gathered into the P @ V ring)."""
+    p = data.draw(decode_problems(max_kv_heads=2, layouts=("nhd",), dtypes=("float16", "bfloat16"),
+                                  head_sizes=(32,) if SIM else (64, 128, 256),
+                                  block_sizes=(5, 8, 16), max_seq_len=40 if SIM else 600,
+                                  max_seqs=2 if SIM else 4, groups=(1, 2, 4)), label="problem")
+    with tensor_core_variant(**{f: True for f in flags.split("+")}):
+        _layouts_agree(p)
 
 
 @given(st.integers(1, 512), st.integers(1, 64), st.integers(1, 65536), st.integers(1, 200),

@@ -122,8 +122,10 @@ def test_mma_m16n8k8_is_a_times_b_plus_c(dtype):
     _check_tile(out.copy_to_host(), a, b, c, 9)
 
 
-def test_ldmatrix_x4_trans_gives_each_lane_the_transposed_pairs():
-    from paged_numba.kernels.mma import ldmatrix_x4_trans
+@pytest.mark.parametrize("trans", [True, False])
+def test_ldmatrix_x4_gives_each_lane_its_pairs(trans):
+    from paged_numba.kernels.mma import ldmatrix_x4, ldmatrix_x4_trans
+    load = ldmatrix_x4_trans if trans else ldmatrix_x4
     # four 8 x 8 matrices of distinct 16-bit patterns; lane 8j + t names row t of
     # matrix j, stored at a lane-dependent (non-sequential) place
     m = (np.arange(4 * 64, dtype=np.uint16) * 7 + 3).reshape(4, 8, 8)
@@ -139,7 +141,7 @@ def test_ldmatrix_x4_trans_gives_each_lane_the_transposed_pairs():
         for e in range(8):
             sh[lane * 8 + e] = src[lane * 8 + e]
         cuda.syncthreads()
-        w0, w1, w2, w3 = ldmatrix_x4_trans(sh, slots[lane] * 8)
+        w0, w1, w2, w3 = load(sh, slots[lane] * 8)
         out[lane, 0] = w0
         out[lane, 1] = w1
         out[lane, 2] = w2
@@ -151,7 +153,8 @@ def test_ldmatrix_x4_trans_gives_each_lane_the_transposed_pairs():
     got = out.copy_to_host()
     for lane in range(32):
         r, q = divmod(lane, 4)
-        want = [int(m[j, 2 * q, r]) | (int(m[j, 2 * q + 1, r]) << 16) for j in range(4)]
+        mats = m.transpose(0, 2, 1) if trans else m     # trans: (M_j[2q, r], M_j[2q+1, r])
+        want = [int(mats[j, r, 2 * q]) | (int(mats[j, r, 2 * q + 1]) << 16) for j in range(4)]
         assert got[lane].tolist() == want, lane
 
 

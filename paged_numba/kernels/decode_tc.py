@@ -44,7 +44,7 @@ from .access import device_function, vector_accessors, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
-from .mma import ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
+from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .vector import load16
 
 HEAD_SIZES = (32, 64, 128, 256)
@@ -52,7 +52,8 @@ LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
-PV_MMA = False   # paged_decode's choice of decode_tc_kernel(pv_mma=...); see the factory
+PV_MMA = False     # paged_decode's choice of decode_tc_kernel(pv_mma=...); see the factory
+KEY_ROWS = False   # ... and of key_rows=...
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
 
 
@@ -91,7 +92,8 @@ def ring_stages(head_size, num_warps, stages, layout, pv_mma=False):
 @functools.cache
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
-                     unroll_pv=True, prefetch=True, pv_mma=False):
+                     unroll_pv=True, prefetch=True, pv_mma=False,
+                     key_rows=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -102,7 +104,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     cores too (``mma.m16n8k8``, the weights split into hi + lo halves): other
     rounding, bounded in ``testing.attention_error_bound(pv=...)``. It is off
     unless ``PV_MMA`` is set: on the H200 it ran as fast as the FMA path
-    (``experiments/NOTES.md``, session 7)."""
+    (``experiments/NOTES.md``, session 7). ``key_rows`` copies the keys as
+    the values are copied (whole rows an instruction, the XOR-swizzled ring)
+    and reads the mma's B fragments with ``ldmatrix``: the head dimension in
+    its natural order, so other rounding too (not yet timed)."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
@@ -122,6 +127,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NW = num_warps
     NT = 32 * NW
     PV = pv_mma
+    KR = key_rows
     STAGES = ring_stages(D, NW, stages, layout, PV)
     STAGE_V = layout != "vllm"            # "vllm" value rows are strided: not cp.async
     NMMA = D // 16                        # P @ V on tensor cores: 16-dim output tiles
@@ -191,8 +197,27 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         the copies stay conflict-free, and the eight rows of each ldmatrix phase
         (one vector, tokens 0..7) fall in eight distinct 16-byte bank groups."""
         if PV:
-            return ((stage * CPS + KV4 + k) * NT + (tid & ~31) + (vsw ^ ((k * TG) & 7))) * VEC
+            return swizzled(stage, KV4 + k, k, tid, vsw)
         return chunk(stage, KV4 + k, tid)
+
+    @device_function
+    def swizzled(stage, strip, k, tid, vsw):
+        """Ring index of the lane's copy ``k`` (token ``g + k * TG``, vector
+        ``lr``) in ``strip``, XOR-swizzled (see ``vdst``)."""
+        return ((stage * CPS + strip) * NT + (tid & ~31) + (vsw ^ ((k * TG) & 7))) * VEC
+
+    @device_function
+    def query_word(query, seq, h, v, c):
+        """Word ``c`` (elements ``2c, 2c + 1``) of vector ``v`` of query row ``h``."""
+        w0, w1, w2, w3 = load_words(query, (seq * query.shape[1] + h) * D + v * VEC)
+        w = w0
+        if c == 1:
+            w = w1
+        elif c == 2:
+            w = w2
+        elif c == 3:
+            w = w3
+        return w
 
     @device_function
     def step_blocks(block_tables, seq, astart, warp, j0, end, lane):
@@ -218,14 +243,30 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             if not PREFETCH:
                 blk = block_tables[seq, b]
             off = int32(s0 - b * BLOCK_SIZE)
-            kt = wide(blk, k_blk) + int32(kb0 + (off + r) * k_tok)
             vt = wide(blk, v_blk) + int32(vb0 + (off + g) * v_tok)
-            for i in range(KV4):
-                copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
+            if KR:
+                kt = wide(blk, k_blk) + int32(kb0 + (off + g) * k_tok)
+                for k in range(TPL):
+                    copy16_async(ring, swizzled(stage, k, k, tid, vsw), key_cache,
+                                 kt + int32((k * TG) * k_tok))
+            else:
+                kt = wide(blk, k_blk) + int32(kb0 + (off + r) * k_tok)
+                for i in range(KV4):
+                    copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
                     copy16_async(ring, vdst(stage, k, tid, vsw), value_cache,
                                  vt + int32((k * TG) * v_tok))
+        elif KR:        # keys and values of token g + k * TG: one table load each
+            for k in range(TPL):
+                t = int32(min(max(s0 + g + k * TG, lo), hi))
+                b = int32(uint32(t) // uint32(BLOCK_SIZE))
+                bt = block_tables[seq, b]
+                kt = wide(bt, k_blk) + int32(kb0 + (t - b * BLOCK_SIZE) * k_tok)
+                copy16_async(ring, swizzled(stage, k, k, tid, vsw), key_cache, kt)
+                if STAGE_V:
+                    vt = wide(bt, v_blk) + int32(vb0 + (t - b * BLOCK_SIZE) * v_tok)
+                    copy16_async(ring, vdst(stage, k, tid, vsw), value_cache, vt)
         else:
             t = int32(min(max(s0 + r, lo), hi))
             b = int32(uint32(t) // uint32(BLOCK_SIZE))
@@ -312,9 +353,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             w1 = uint32(0)
             w2 = uint32(0)
             w3 = uint32(0)
-            if r < HPB:
+            if r < HPB and not KR:
                 w0, w1, w2, w3 = load_words(query, ((seq * query.shape[1] + h0 + r) * D
                                                     + (c + 4 * i) * VEC))
+            if r < HPB and KR:   # k-step kk: words c of vectors 2 kk (a0) and 2 kk + 1 (a2)
+                w0 = query_word(query, seq, h0 + r, 4 * i, c)
+                w1 = query_word(query, seq, h0 + r, 4 * i + 1, c)
+                w2 = query_word(query, seq, h0 + r, 4 * i + 2, c)
+                w3 = query_word(query, seq, h0 + r, 4 * i + 3, c)
             qa[4 * i] = w0
             qa[4 * i + 1] = w1
             qa[4 * i + 2] = w2
@@ -344,7 +390,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         lt = int32(lane & 7)
         lrow = int32((((lt % TG) * LPR + (lane >> 3)) ^ lt) + warp * 32)
         lstrip = int32(KV4 + lt // TG)
-        krows = k_rows(key_cache, kvh, c)
+        krows = k_rows(key_cache, kvh, lr if KR else c)
         vrows = v_rows(value_cache, kvh, lr)
 
         astart = int32(start - start % STEP)
@@ -367,7 +413,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         stage = int32(0)
         nxt_stage = int32(STAGES - 1)
         for j in range(nsteps):
-            if PV:
+            if PV or KR:
                 cuda.syncwarp()                      # last step's ldmatrix reads are done
             nxt = int32(j + STAGES - 1)
             blk = int32(0)
@@ -384,15 +430,19 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             nxt_stage = int32(nxt_stage + 1 if nxt_stage + 1 < STAGES else 0)
             wait_stages()                           # this step's group has landed
             s0 = int32(astart + (warp + j * NW) * STEP)
-            if PV:
-                if not STAGE_V:
-                    gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0,
-                                  start, hi, g, lr, vsw)
+            if PV and not STAGE_V:
+                gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0,
+                              start, hi, g, lr, vsw)
+            if PV or KR:
                 cuda.syncwarp()                      # every lane's rows are in the ring
             # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
             for i in range(KV4):
-                kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = load_words(
-                    ring, chunk(stage, i, tid))
+                if KR:   # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 2i, 2i + 1
+                    kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = ldmatrix_x4(
+                        ring, ((stage * CPS + lt // TG) * NT + (lrow ^ (4 * i))) * VEC)
+                else:
+                    kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = load_words(
+                        ring, chunk(stage, i, tid))
             d0 = float32(0.0)
             d1 = float32(0.0)
             d2 = float32(0.0)

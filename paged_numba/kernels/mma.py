@@ -30,6 +30,9 @@ lanes ``8j .. 8j+7`` each name one 16-byte row (8 elements at flat index
 words, word ``j`` holding ``M_j[2c, r]`` (low half) and ``M_j[2c+1, r]``: the
 transposed fragment, which is ``a0``/``a1`` of ``mma_m16n8k8`` when the rows
 of ``M_j`` are its ``K`` index. All 32 lanes must call it together.
+``ldmatrix_x4(arr, flat)`` is the same without the transpose: word ``j`` holds
+``M_j[r, 2c]`` and ``M_j[r, 2c+1]`` (the ``B`` fragment of ``mma_m16n8k16``
+when the rows of ``M_j`` are its ``N`` index).
 
 ``split_pack(dtype)`` returns ``split(x0, x1) -> (hi, lo)``: the words of
 ``y = x * 2**15`` in ``dtype``, ``hi = round(y)`` and ``lo = round(y - hi)``,
@@ -39,8 +42,9 @@ fp16 weights out of the subnormal range.
 
 On the GPU these are inline PTX (``ld.*.v4.u32`` through an LLVM vector load,
 ``mma.sync``, ``ldmatrix``, ``cvt.rn.f16x2.f32``); under the simulator the
-lanes meet in the warp-operation rendezvous of ``paged_numba._simulator`` and each computes its own outputs
-from every lane's fragments in float64, rounded to float32.
+lanes meet in the warp-operation rendezvous of ``paged_numba._simulator`` and
+each computes its own outputs from every lane's fragments in float64 (rounded to
+float32 for the mma).
 """
 import functools
 
@@ -103,13 +107,21 @@ if config.ENABLE_CUDASIM:
             return tuple(np.float32(x) for x in out)
         return mma
 
-    def ldmatrix_x4_trans(arr, flat):
+    def _ldmatrix_rows(arr, flat):
         from .._simulator import _rendezvous
         a = _host_flat(arr)
         row = tuple(int(x) for x in a[flat:flat + 8].view(np.uint16))
         lane, _, rows = _rendezvous(0xFFFFFFFF, "ldmatrix", row)
-        r, c = divmod(lane, 4)
+        return divmod(lane, 4), rows
+
+    def ldmatrix_x4_trans(arr, flat):
+        (r, c), rows = _ldmatrix_rows(arr, flat)
         return tuple(rows[8 * j + 2 * c][r] | (rows[8 * j + 2 * c + 1][r] << 16)
+                     for j in range(4))
+
+    def ldmatrix_x4(arr, flat):
+        (r, c), rows = _ldmatrix_rows(arr, flat)
+        return tuple(rows[8 * j + r][2 * c] | (rows[8 * j + r][2 * c + 1] << 16)
                      for j in range(4))
 
     def _round_half(y, dtype):
@@ -170,7 +182,8 @@ else:
             def codegen(context, builder, sig_, vals):
                 vals = [context.cast(builder, v, t, s)
                         for v, t, s in zip(vals, sig_.args, sig.args)]
-                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_U32] * words + [_F32] * 4)
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4),
+                                       [_U32] * words + [_F32] * 4)
                 res = builder.call(ir.InlineAsm(fnty, text, constraints), vals)
                 outs = [builder.extract_value(res, e) for e in range(4)]
                 return context.make_tuple(builder, sig.return_type, outs)
@@ -194,12 +207,18 @@ else:
             return _mma_intrinsic("m16n8k8", dtype, 3)(typingctx, a0, a1, b0, c0, c1, c2, c3)
         return mma
 
-    @intrinsic
-    def ldmatrix_x4_trans(typingctx, arr, flat):
-        if not (isinstance(arr, types.Array) and arr.dtype.bitwidth == 16):
-            return None
-        sig = types.UniTuple(types.uint32, 4)(arr, flat)
+    def _ldmatrix(trans):
+        text = (f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 "
+                "{$0,$1,$2,$3}, [$4];")
 
+        def typer(typingctx, arr, flat):
+            if not (isinstance(arr, types.Array) and arr.dtype.bitwidth == 16):
+                return None
+            return types.UniTuple(types.uint32, 4)(arr, flat), _ldmatrix_codegen(text)
+        typer.__name__ = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
+        return typer
+
+    def _ldmatrix_codegen(text):
         def codegen(context, builder, sig, args):
             from .async_copy import _shared_address
             arr_ty, flat_ty = sig.args
@@ -208,13 +227,15 @@ else:
             i = builder.trunc(context.cast(builder, args[1], flat_ty, types.intp), _U32)
             addr = builder.add(base, builder.mul(i, ir.Constant(_U32, 2)))
             fnty = ir.FunctionType(ir.LiteralStructType([_U32] * 4), [_U32])
-            text = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];"
             res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r,~{memory}",
                                             side_effect=True), [addr])
             words = [builder.extract_value(res, e) for e in range(4)]
             return context.make_tuple(builder, sig.return_type, words)
 
-        return sig, codegen
+        return codegen
+
+    ldmatrix_x4_trans = intrinsic(_ldmatrix(True))
+    ldmatrix_x4 = intrinsic(_ldmatrix(False))
 
     _SPLIT = {
         "float16": ("cvt.rn.f16x2.f32 $0, b, a;\n\tmov.b32 {h, k}, $0;\n"
