@@ -34,6 +34,14 @@ Structure:
   its tokens for every head of the group; the running output is rescaled only
   when a head's maximum grew (a warp vote);
 * epilogue: ``kernels.decode.warp_merger``, shared with that kernel.
+
+Opt-in variants (other rounding; ``PV_MMA`` and ``KEY_ROWS`` switch them on
+for ``paged_decode``): ``pv_mma`` does P @ V on tensor cores, ``O^T += V^T
+P^T`` with ``mma.m16n8k8`` (the QK product's D fragment is ``P^T``'s B
+fragment as it stands; the weights go in as hi + lo halves), the values
+copied as above into an XOR-swizzled ring and read with ``ldmatrix.trans``;
+``key_rows`` copies the keys the same way and reads their B fragments with
+``ldmatrix``.
 """
 import functools
 import math
