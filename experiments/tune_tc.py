@@ -26,9 +26,10 @@ VARIANTS = {
     "pv-mma": dict(pv_mma=True),                     # P @ V on tensor cores too
     "key-rows": dict(key_rows=True),                 # keys copied in rows, read by ldmatrix
     "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
+    "key-rows-regs128": dict(key_rows=True, max_registers=128),
 }
 # variants whose rounding differs from the default's: compared, not required equal
-OTHER_ROUNDING = {"pv-mma", "key-rows", "key-rows+pv-mma"}
+OTHER_ROUNDING = {"pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}
 
 _factory = decode_tc.decode_tc_kernel
 
