@@ -41,14 +41,12 @@ def test_mma_m16n8k16_is_a_times_b_plus_c(dtype):
     @cuda.jit
     def kernel(fa, fb, fc, out):
         lane = cuda.threadIdx.x
-        d0, d1, d2, d3 = mma(uint32(fa[lane, 0]), uint32(fa[lane, 1]), uint32(fa[lane, 2]),
-                             uint32(fa[lane, 3]), uint32(fb[lane, 0]), uint32(fb[lane, 1]),
-                             float32(fc[lane, 0]), float32(fc[lane, 1]), float32(fc[lane, 2]),
-                             float32(fc[lane, 3]))
-        out[lane, 0] = d0
-        out[lane, 1] = d1
-        out[lane, 2] = d2
-        out[lane, 3] = d3
+        d = mma(uint32(fa[lane, 0]), uint32(fa[lane, 1]), uint32(fa[lane, 2]),
+                uint32(fa[lane, 3]), uint32(fb[lane, 0]), uint32(fb[lane, 1]),
+                float32(fc[lane, 0]), float32(fc[lane, 1]), float32(fc[lane, 2]),
+                float32(fc[lane, 3]))
+        for e in range(4):
+            out[lane, e] = d[e]
 
     out = cuda.to_device(np.zeros((32, 4), np.float32))
     kernel[1, 32](cuda.to_device(frag_a), cuda.to_device(frag_b), cuda.to_device(frag_c), out)
@@ -109,13 +107,10 @@ def test_mma_m16n8k8_is_a_times_b_plus_c(dtype):
     @cuda.jit
     def kernel(f, fc, out):
         lane = cuda.threadIdx.x
-        d0, d1, d2, d3 = mma(uint32(f[lane, 0]), uint32(f[lane, 1]), uint32(f[lane, 2]),
-                             float32(fc[lane, 0]), float32(fc[lane, 1]), float32(fc[lane, 2]),
-                             float32(fc[lane, 3]))
-        out[lane, 0] = d0
-        out[lane, 1] = d1
-        out[lane, 2] = d2
-        out[lane, 3] = d3
+        d = mma(uint32(f[lane, 0]), uint32(f[lane, 1]), uint32(f[lane, 2]),
+                float32(fc[lane, 0]), float32(fc[lane, 1]), float32(fc[lane, 2]), float32(fc[lane, 3]))
+        for e in range(4):
+            out[lane, e] = d[e]
 
     out = cuda.to_device(np.zeros((32, 4), np.float32))
     kernel[1, 32](cuda.to_device(frag), cuda.to_device(frag_c), out)
