@@ -108,7 +108,8 @@ def test_mma_m16n8k8_is_a_times_b_plus_c(dtype):
     def kernel(f, fc, out):
         lane = cuda.threadIdx.x
         d = mma(uint32(f[lane, 0]), uint32(f[lane, 1]), uint32(f[lane, 2]),
-                float32(fc[lane, 0]), float32(fc[lane, 1]), float32(fc[lane, 2]), float32(fc[lane, 3]))
+                float32(fc[lane, 0]), float32(fc[lane, 1]), float32(fc[lane, 2]),
+                float32(fc[lane, 3]))
         for e in range(4):
             out[lane, e] = d[e]
 
