@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Two selections of the gpu-profile suite side by side on a 2-GPU machine
+# (nvidia-h200-x2: 32 cores): selection A on GPU 0 with cores 0-15, selection B
+# on GPU 1 with cores 16-31, each with pytest -n 16. Logs go to $OUT/selN.log.
+# Usage (repository root, .whl carried as for gpu_tests.sh):
+#   [CHECK=1] bash experiments/gpu_pair.sh 1 3; bash experiments/gpu_pair.sh 2 4
+set -uo pipefail
+OUT=${OUT:-/tmp}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 HYPOTHESIS_PROFILE=gpu \
+       GPU_EXAMPLES=${GPU_EXAMPLES:-10}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import numba, numba_cuda, numpy; print('numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__)"
+[ "${CHECK:-0}" = 1 ] && bash experiments/gpu_selections.sh check
+lane() { # gpu cores selection
+  local t0
+  t0=$(date +%s)
+  CUDA_VISIBLE_DEVICES=$1 taskset -c "$2" python3 -m pytest -p no:cacheprovider -p no:benchmark \
+    -n 16 -v -rfEs paged_numba tests \
+    --deselect tests/test_ptx.py::test_every_specialisation_compiles_to_ptx \
+    -k "$(bash experiments/gpu_selections.sh "$3")" > "$OUT/sel$3.log" 2>&1
+  echo "selection $3 rc=$? wall=$(( $(date +%s) - t0 ))s" >> "$OUT/sel$3.log"
+}
+lane 0 0-15 "$1" & lane 1 16-31 "$2" & wait
+for f in "$OUT/sel$1.log" "$OUT/sel$2.log"; do echo "== $f"; tail -3 "$f"; done
