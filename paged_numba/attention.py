@@ -131,6 +131,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         # a layout that stages values too, so that every layout gives the same bits
         while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
             num_warps //= 2
+        # only the opt-in variants that are on: the default keeps its factory cache key
         pv = {k: True for k, on in (("pv_mma", decode_tc.PV_MMA),
                                     ("key_rows", decode_tc.KEY_ROWS)) if on}
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **pv)
