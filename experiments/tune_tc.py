@@ -18,18 +18,20 @@ from paged_numba.kernels import decode_tc
 
 VARIANTS = {
     "default": {},                                   # what the launcher picks
-    "v5": dict(prefetch=False, unroll_pv=False, max_registers=None),
+    "v7.1": dict(pv_mma=False, key_rows=False),      # P @ V in FMAs, keys by lane (session 6)
+    "v5": dict(prefetch=False, unroll_pv=False, max_registers=None, pv_mma=False,
+               key_rows=False),
     "no-register-cap": dict(max_registers=None),
     "no-prefetch": dict(prefetch=False),
     "default-hnd": dict(layout="hnd"),
     "default-vllm": dict(layout="vllm"),
-    "pv-mma": dict(pv_mma=True),                     # P @ V on tensor cores too
-    "key-rows": dict(key_rows=True),                 # keys copied in rows, read by ldmatrix
+    "pv-mma": dict(pv_mma=True, key_rows=False),     # P @ V on tensor cores
+    "key-rows": dict(key_rows=True, pv_mma=False),   # keys copied in rows, read by ldmatrix
     "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
-    "key-rows-regs128": dict(key_rows=True, max_registers=128),
+    "key-rows-regs128": dict(key_rows=True, pv_mma=False, max_registers=128),
 }
 # variants whose rounding differs from the default's: compared, not required equal
-OTHER_ROUNDING = {"pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}
+OTHER_ROUNDING = {"v7.1", "v5", "pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}
 
 _factory = decode_tc.decode_tc_kernel
 

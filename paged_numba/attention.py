@@ -117,7 +117,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     stages)``; the tensor-core kernel has no ``unroll``, halves
     ``num_warps`` until two ring stages fit in shared memory, and is compiled
     with a register limit where a few registers fewer buy one more resident
-    thread block (``_launch.register_cap``)."""
+    thread block (``_launch.register_cap``); its variants are those that
+    ``decode_tc.PV_MMA`` and ``decode_tc.KEY_ROWS`` choose."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     usable = decode_tc.supports(head_size, hpb, dtype, layout)
@@ -131,16 +132,15 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         # a layout that stages values too, so that every layout gives the same bits
         while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
             num_warps //= 2
-        # only the opt-in variants that are on: the default keeps its factory cache key
-        pv = {k: True for k, on in (("pv_mma", decode_tc.PV_MMA),
-                                    ("key_rows", decode_tc.KEY_ROWS)) if on}
-        kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **pv)
+        kr = decode_tc.KEY_ROWS     # None: key_rows for the unsplit kernel only
+        variant = dict(pv_mma=bool(decode_tc.PV_MMA), key_rows=not split if kr is None else bool(kr))
+        kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
         cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
                                    32 * num_warps)
         if cap is not None:
             kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap,
-                                                **pv)
+                                                **variant)
         return kernel, 32 * num_warps, True
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
 

@@ -254,7 +254,7 @@ U32 = 2.0 ** -24   # unit roundoff of float32, the precision every kernel comput
 # "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): the dot products
 # of the tensor-core decode kernel are bounded with 4 units of fp32 roundoff.
 TENSOR_CORE_U = 4 * U32
-# P @ V on tensor cores (``decode_tc_kernel(pv_mma=True)``, off by default): each
+# P @ V on tensor cores (``decode_tc_kernel(pv_mma=True)``, the default): each
 # 8-token step is two ``mma.m16n8k8`` into the running output, one with the
 # hi and one with the lo half of the weights (``kernels.mma.split_pack``).
 # Each mma adds its nonzero products and C with TENSOR_CORE_U per term, so a

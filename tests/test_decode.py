@@ -92,10 +92,12 @@ def test_decode_matches_reference(config, data):
 
 
 @contextlib.contextmanager
-def tensor_core_variant(**flags):
-    """``paged_decode`` (and the bounds) with the tensor-core kernel's opt-in
-    variants ``flags`` (``PV_MMA``, ``KEY_ROWS`` of ``kernels.decode_tc``) on."""
+def tensor_core_variant(name):
+    """``paged_decode`` (and the bounds) with the tensor-core kernel's variants
+    forced as ``TC_VARIANTS[name]`` says (``PV_MMA``, ``KEY_ROWS`` of
+    ``kernels.decode_tc``)."""
     from paged_numba.kernels import decode_tc
+    flags = TC_VARIANTS[name]
     saved = {k: getattr(decode_tc, k) for k in flags}
     for k, v in flags.items():
         setattr(decode_tc, k, v)
@@ -106,7 +108,14 @@ def tensor_core_variant(**flags):
             setattr(decode_tc, k, v)
 
 
-# the opt-in tensor-core variants: fp16/bf16 caches, head sizes 32-256, every layout
+# The tensor-core kernel's variants, each forced for split and unsplit launches alike.
+# paged_decode runs PV_MMA with KEY_ROWS for the unsplit kernel only (KEY_ROWS None), which
+# the other tests cover; these four cover every kernel either launch can be given.
+TC_VARIANTS = {"FMA": dict(PV_MMA=False, KEY_ROWS=False),
+               "FMA+KEY_ROWS": dict(PV_MMA=False, KEY_ROWS=True),
+               "PV_MMA": dict(PV_MMA=True, KEY_ROWS=False),
+               "PV_MMA+KEY_ROWS": dict(PV_MMA=True, KEY_ROWS=True)}
+# ... on fp16/bf16 caches, head sizes 32-256, every layout
 PV_CONFIGS = ([dict(head_sizes=(32,), dtypes=("float16", "bfloat16"), groups=(1, 2, 4))] if SIM
               else [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,))
                     for hs, bs, lay, dt in itertools.chain(
@@ -114,18 +123,19 @@ PV_CONFIGS = ([dict(head_sizes=(32,), dtypes=("float16", "bfloat16"), groups=(1,
                         itertools.product((128,), (5,), LAYOUTS, ("float16", "bfloat16")))])
 
 
-@pytest.mark.parametrize("flags", ["PV_MMA", "KEY_ROWS", "KEY_ROWS+PV_MMA"])
+@pytest.mark.parametrize("flags", list(TC_VARIANTS))
 @pytest.mark.parametrize("config", PV_CONFIGS, ids=config_id)
 @settings(max_examples=4 if SIM else settings().max_examples)
 @given(data=st.data())
 def test_decode_tensor_core_variants_match_reference(config, flags, data):
-    """The opt-in variants: P @ V on tensor cores (weights as hi + lo halves),
-    held to its own bound (``testing.attention_error_bound(pv=...)``; the bound
-    fails it when the lo half is dropped, checked on the simulator), and the
-    keys read by ldmatrix (the head dimension in another order)."""
+    """Every variant: P @ V on tensor cores (weights as hi + lo halves), held
+    to its own bound (``testing.attention_error_bound(pv=...)``; the bound
+    fails it when the lo half is dropped, checked on the simulator) or in fp32
+    FMAs, and the keys read by ldmatrix (the head dimension in another order)
+    or not."""
     p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
     extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
-    with tensor_core_variant(**{f: True for f in flags.split("+")}):
+    with tensor_core_variant(flags):
         check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
                      **extra)
 
@@ -388,17 +398,17 @@ def _layouts_agree(p):
         assert np.array_equal(outs[0], other)
 
 
-@pytest.mark.parametrize("flags", ["PV_MMA", "KEY_ROWS", "KEY_ROWS+PV_MMA"])
+@pytest.mark.parametrize("flags", list(TC_VARIANTS))
 @settings(max_examples=2 if SIM else 20)
 @given(data=st.data())
 def test_tensor_core_variants_agree_across_layouts(flags, data):
-    """The opt-in tensor-core variants give every layout (and the CSR table) the
-    same bits too ("vllm" values are gathered into the P @ V ring)."""
+    """Every tensor-core variant gives every layout (and the CSR table) the
+    same bits ("vllm" values are gathered into the P @ V ring)."""
     p = data.draw(decode_problems(max_kv_heads=2, layouts=("nhd",), dtypes=("float16", "bfloat16"),
                                   head_sizes=(32,) if SIM else (64, 128, 256),
                                   block_sizes=(5, 8, 16), max_seq_len=40 if SIM else 600,
                                   max_seqs=2 if SIM else 4, groups=(1, 2, 4)), label="problem")
-    with tensor_core_variant(**{f: True for f in flags.split("+")}):
+    with tensor_core_variant(flags):
         _layouts_agree(p)
 
 
@@ -472,12 +482,16 @@ def test_register_cap_reaches_the_tensor_core_kernel(monkeypatch):
     from paged_numba import _launch
     from paged_numba.kernels.decode_tc import decode_tc_kernel
     args = (128, 16, 4, "float16", "nhd")
+    unsplit = dict(pv_mma=True, key_rows=True)      # the default variants: key_rows unsplit only
     monkeypatch.setattr(_launch, "register_cap", lambda *a: 128)
     kernel, threads, tc = pn.attention.decode_launch(*args, split=False)
     assert tc and threads == 128 and kernel is decode_tc_kernel(*args, 4, 2, False,
-                                                                max_registers=128)
+                                                                max_registers=128, **unsplit)
     monkeypatch.setattr(_launch, "register_cap", lambda *a: None)
-    assert pn.attention.decode_launch(*args, split=False)[0] is decode_tc_kernel(*args, 4, 2, False)
+    assert pn.attention.decode_launch(*args, split=False)[0] is decode_tc_kernel(*args, 4, 2, False,
+                                                                               **unsplit)
+    assert pn.attention.decode_launch(*args, split=True)[0] is decode_tc_kernel(
+        *args, 4, 2, True, pv_mma=True, key_rows=False)
     assert [_launch.register_limit(r, 128, 6) for r in (128, 131, 140, 141)] == [None, 128, 128, None]
     assert _launch.register_limit(131, 128, by_shared=3) is None   # shared memory is the limit
 

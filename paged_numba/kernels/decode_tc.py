@@ -35,13 +35,14 @@ Structure:
   when a head's maximum grew (a warp vote);
 * epilogue: ``kernels.decode.warp_merger``, shared with that kernel.
 
-Opt-in variants (other rounding; ``PV_MMA`` and ``KEY_ROWS`` switch them on
-for ``paged_decode``): ``pv_mma`` does P @ V on tensor cores, ``O^T += V^T
-P^T`` with ``mma.m16n8k8`` (the QK product's D fragment is ``P^T``'s B
-fragment as it stands; the weights go in as hi + lo halves), the values
-copied as above into an XOR-swizzled ring and read with ``ldmatrix.trans``;
-``key_rows`` copies the keys the same way and reads their B fragments with
-``ldmatrix``.
+Variants (other rounding; ``PV_MMA`` and ``KEY_ROWS`` choose them for
+``paged_decode``, which by default runs ``pv_mma`` everywhere and adds
+``key_rows`` to the unsplit kernel): ``pv_mma`` does P @ V on tensor cores,
+``O^T += V^T P^T`` with ``mma.m16n8k8`` (the QK product's D fragment is
+``P^T``'s B fragment as it stands; the weights go in as hi + lo halves), the
+values copied as above into an XOR-swizzled ring and read with
+``ldmatrix.trans``; ``key_rows`` copies the keys the same way and reads their
+B fragments with ``ldmatrix``.
 """
 import functools
 import math
@@ -60,8 +61,9 @@ LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
-PV_MMA = False     # paged_decode's choice of decode_tc_kernel(pv_mma=...); see the factory
-KEY_ROWS = False   # ... and of key_rows=...
+# paged_decode's choice of decode_tc_kernel(pv_mma=..., key_rows=...) (see the factory):
+PV_MMA = True      # P @ V on tensor cores
+KEY_ROWS = None    # keys by ldmatrix; None: for the unsplit kernel only (faster there)
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
 
 
@@ -110,12 +112,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     sizes that are multiples of 8). None of the three changes the arithmetic:
     outputs are bit-identical either way. ``pv_mma`` does P @ V on tensor
     cores too (``mma.m16n8k8``, the weights split into hi + lo halves): other
-    rounding, bounded in ``testing.attention_error_bound(pv=...)``. It is off
-    unless ``PV_MMA`` is set: on the H200 it ran as fast as the FMA path
-    (``experiments/NOTES.md``, session 7). ``key_rows`` copies the keys as
-    the values are copied (whole rows an instruction, the XOR-swizzled ring)
-    and reads the mma's B fragments with ``ldmatrix``: the head dimension in
-    its natural order, so other rounding too (not yet timed)."""
+    rounding, bounded in ``testing.attention_error_bound(pv=...)``.
+    ``key_rows`` copies the keys as the values are copied (whole rows an
+    instruction, the XOR-swizzled ring) and reads the mma's B fragments with
+    ``ldmatrix``: the head dimension in its natural order, so other rounding
+    too. Both together were 3-4% faster than neither on the H200's large
+    headline shapes (``experiments/NOTES.md``, session 8); ``PV_MMA`` and
+    ``KEY_ROWS`` say which ones ``paged_decode`` uses."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
