@@ -1,0 +1,81 @@
+"""Where the decode kernel's fixed cost per call goes: fit ``us = c + bytes / BW``
+over a context sweep, for paged_numba at fixed partition counts and for SDPA.
+
+    python experiments/fixed_cost.py --out results/fixed_cost_h200.csv
+
+On the headline shapes, paged_numba streams within a few percent of SDPA's
+rate but pays 5-8 us more per call (``experiments/NOTES.md``, session 8).
+This times fp16, 32/8 heads, head size 128, block size 16, random tables,
+at ``--batches`` x ``--contexts`` with each of ``--partitions`` forced, and
+SDPA on the same shapes (``bench_decode.bench_config``, so the same method:
+rotated inputs, CUDA graphs, medians); then fits ``c`` and ``BW`` per
+(implementation, batch, partitions) by least squares and prints them with
+the floor of a graph replay (one tiny kernel per call, timed the same way).
+One CSV row per timing, plus the fits (``context`` empty).
+"""
+import argparse
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, "experiments")
+from bench_common import new_run_id, write_rows  # noqa: E402
+from bench_decode import bench_config, copy_gbps, graph_time, kv_bytes  # noqa: E402
+
+FIELDS = ["run_id", "gpu", "impl", "batch", "context", "num_partitions", "us", "merge_us",
+          "fit_c_us", "fit_tbps", "copy_gbps", "command"]
+
+
+def fit(rows):
+    """``(c_us, TB/s)`` of ``us = c + bytes / BW`` over ``rows``."""
+    x = np.array([kv_bytes(r["batch"], r["context"], 8, 128, 2) for r in rows], float)
+    y = np.array([r["us"] for r in rows], float)
+    slope, c = np.polyfit(x, y, 1)                  # us per byte
+    return c, 1e-6 / slope
+
+
+def floor_us(reps):
+    """A graph of one tiny kernel per call: what a replay costs with nothing in it."""
+    x = torch.zeros(1, device="cuda")
+    return {n: graph_time([lambda: x.add_(1)] * n, reps)
+            for n in (1, 4)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--partitions", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="results/fixed_cost_h200.csv")
+    a = ap.parse_args()
+    gpu, run_id, bw = torch.cuda.get_device_name(), new_run_id(), copy_gbps()
+    command = "python experiments/fixed_cost.py " + " ".join(sys.argv[1:])
+    print(f"{gpu}: copy {bw:.0f} GB/s; run {run_id}; empty graph replay per call: "
+          + ", ".join(f"{n} a graph {us:.1f} us" for n, us in floor_us(a.reps).items()), flush=True)
+    rows, fits = [], []
+    for b in a.batches:
+        groups = {}
+        for c in a.contexts:
+            got = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",),
+                               partitions=a.partitions, reps=a.reps)
+            for r in got:
+                r.update(run_id=run_id, gpu=gpu, batch=b, context=c, copy_gbps=bw,
+                         command=command)
+                groups.setdefault((r["impl"], r["num_partitions"]), []).append(r)
+                print(f"{r['impl']:>22} b={b:<4} ctx={c:<6} P={r['num_partitions']!s:<3} "
+                      f"{r['us']:8.1f} us  merge alone {r.get('merge_us') or '-'}", flush=True)
+            rows += got
+        for (impl, p), grp in groups.items():
+            c_us, tbps = fit(grp)
+            fits.append(dict(run_id=run_id, gpu=gpu, impl=impl, batch=b, context="",
+                             num_partitions=p, fit_c_us=c_us, fit_tbps=tbps, copy_gbps=bw,
+                             command=command))
+            print(f"fit {impl:>22} b={b:<4} P={p!s:<3} c = {c_us:6.1f} us, BW = {tbps:5.2f} TB/s",
+                  flush=True)
+    write_rows(a.out, FIELDS, rows + fits, 3)
+
+
+if __name__ == "__main__":
+    main()
