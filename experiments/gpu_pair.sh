@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Two selections of the gpu-profile suite side by side on a 2-GPU machine
-# (nvidia-h200-x2: 32 cores): selection A on GPU 0 with cores 0-15, selection B
-# on GPU 1 with cores 16-31, each with pytest -n 16. Logs go to $OUT/selN.log.
-# Usage (repository root, .whl carried as for gpu_tests.sh):
-#   [CHECK=1] bash experiments/gpu_pair.sh 1 3; bash experiments/gpu_pair.sh 2 4
+# Selections of the gpu-profile suite side by side on a 2-GPU machine
+# (nvidia-h200-x2: 32 cores): lane A's selections one after the other on GPU 0
+# with cores 0-15, lane B's on GPU 1 with cores 16-31, each with pytest -n 16.
+# A lane is one argument, its selections separated by spaces. Logs go to $OUT/selN.log.
+# Usage (repository root, .whl carried as for gpu_tests.sh); as timed in session 8
+# (seconds, one GPU and 16 cores each): 1 ~510, 2 ~225, 3 ~230, 4 ~130, 5 and 6 ~385:
+#   CHECK=1 bash experiments/gpu_pair.sh 1 "5 4"; bash experiments/gpu_pair.sh 6 "2 3"
 set -uo pipefail
 OUT=${OUT:-/tmp}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -26,5 +28,9 @@ lane() { # gpu cores selection
     -k "$(bash experiments/gpu_selections.sh "$3")" > "$OUT/sel$3.log" 2>&1
   echo "selection $3 rc=$? wall=$(( $(date +%s) - t0 ))s" >> "$OUT/sel$3.log"
 }
-lane 0 0-15 "$1" & lane 1 16-31 "$2" & wait
-for f in "$OUT/sel$1.log" "$OUT/sel$2.log"; do echo "== $f"; tail -3 "$f"; done
+lanes() { # gpu cores "selections"
+  local n
+  for n in $3; do lane "$1" "$2" "$n"; done
+}
+lanes 0 0-15 "$1" & lanes 1 16-31 "$2" & wait
+for n in $1 $2; do echo "== $OUT/sel$n.log"; tail -3 "$OUT/sel$n.log"; done
