@@ -133,7 +133,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
             num_warps //= 2
         kr = decode_tc.KEY_ROWS     # None: key_rows for the unsplit kernel only
-        variant = dict(pv_mma=bool(decode_tc.PV_MMA), key_rows=not split if kr is None else bool(kr))
+        variant = dict(pv_mma=bool(decode_tc.PV_MMA),
+                       key_rows=not split if kr is None else bool(kr))
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
         cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],

@@ -488,8 +488,8 @@ def test_register_cap_reaches_the_tensor_core_kernel(monkeypatch):
     assert tc and threads == 128 and kernel is decode_tc_kernel(*args, 4, 2, False,
                                                                 max_registers=128, **unsplit)
     monkeypatch.setattr(_launch, "register_cap", lambda *a: None)
-    assert pn.attention.decode_launch(*args, split=False)[0] is decode_tc_kernel(*args, 4, 2, False,
-                                                                               **unsplit)
+    assert pn.attention.decode_launch(*args, split=False)[0] is decode_tc_kernel(
+        *args, 4, 2, False, **unsplit)
     assert pn.attention.decode_launch(*args, split=True)[0] is decode_tc_kernel(
         *args, 4, 2, True, pv_mma=True, key_rows=False)
     assert [_launch.register_limit(r, 128, 6) for r in (128, 131, 140, 141)] == [None, 128, 128, None]

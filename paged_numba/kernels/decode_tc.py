@@ -5,7 +5,8 @@ same arguments, grid and outputs) with a different work split and rounding;
 every layout gives bit-identical results. For head sizes 32, 64, 128 and
 256, KV-head groups of at most 8 query heads, and every layout.
 
-Structure:
+Structure (of the base kernel; the variants at the end replace its key
+reads or its P @ V):
 
 * grid ``(num_heads // HPB, num_seqs, num_partitions)``, ``NW`` warps with no
   barrier until the epilogue; warp ``w`` takes the 8-token steps ``w, w + NW,
@@ -116,7 +117,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ``key_rows`` copies the keys as the values are copied (whole rows an
     instruction, the XOR-swizzled ring) and reads the mma's B fragments with
     ``ldmatrix``: the head dimension in its natural order, so other rounding
-    too. Both together were 3-4% faster than neither on the H200's large
+    too. Both together were 2.6-3.8% faster than neither on the H200's large
     headline shapes (``experiments/NOTES.md``, session 8); ``PV_MMA`` and
     ``KEY_ROWS`` say which ones ``paged_decode`` uses."""
     if not supports(head_size, heads_per_block, dtype, layout):
