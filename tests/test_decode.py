@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import paged_numba as pn
 from paged_numba.reference import attention
-from paged_numba.testing import (U32, DecodeProblem, check_attention, check_close, config_id,
-                                 decode_problems, decode_reference, gamma, variants)
+from paged_numba.testing import (GQA_GROUPS, U32, DecodeProblem, check_attention, check_close,
+                                 config_id, decode_problems, decode_reference, gamma, variants)
 
 SIM = pn.simulator_enabled()
 # The simulator runs every CUDA thread as a Python thread: keep its shapes small,
@@ -115,12 +115,15 @@ TC_VARIANTS = {"FMA": dict(PV_MMA=False, KEY_ROWS=False),
                "FMA+KEY_ROWS": dict(PV_MMA=False, KEY_ROWS=True),
                "PV_MMA": dict(PV_MMA=True, KEY_ROWS=False),
                "PV_MMA+KEY_ROWS": dict(PV_MMA=True, KEY_ROWS=True)}
-# ... on fp16/bf16 caches, head sizes 32-256, every layout
+# ... on fp16/bf16 caches, head sizes 32-256, every layout. On a GPU each configuration
+# has one group (heads per thread block are compile-time, as in CONFIGS), rotated so that
+# every (layout, dtype) pair meets every group over the four (head size, block size) pairs.
 PV_CONFIGS = ([dict(head_sizes=(32,), dtypes=("float16", "bfloat16"), groups=(1, 2, 4))] if SIM
-              else [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,))
-                    for hs, bs, lay, dt in itertools.chain(
-                        itertools.product((64, 128, 256), (16,), LAYOUTS, ("float16", "bfloat16")),
-                        itertools.product((128,), (5,), LAYOUTS, ("float16", "bfloat16")))])
+              else [dict(head_sizes=(hs,), block_sizes=(bs,), layouts=(lay,), dtypes=(dt,),
+                         groups=(GQA_GROUPS[(a + b + 2 * c) % 4],))
+                    for a, (hs, bs) in enumerate(((64, 16), (128, 16), (256, 16), (128, 5)))
+                    for b, lay in enumerate(LAYOUTS)
+                    for c, dt in enumerate(("float16", "bfloat16"))])
 
 
 @pytest.mark.parametrize("flags", list(TC_VARIANTS))
@@ -398,16 +401,25 @@ def _layouts_agree(p):
         assert np.array_equal(outs[0], other)
 
 
+# on a GPU: one compile-time combination per test, between them every head size, three
+# block sizes (one not a multiple of the 8-token step), both dtypes and groups 1, 2, 4
+AGREE_CONFIGS = ([{}] if SIM else
+                 [dict(head_sizes=(hs,), block_sizes=(bs,), dtypes=(dt,), groups=(g,))
+                  for hs, bs, dt, g in ((64, 5, "float16", 4), (128, 8, "bfloat16", 2),
+                                        (256, 16, "float16", 1), (128, 16, "bfloat16", 4))])
+
+
 @pytest.mark.parametrize("flags", list(TC_VARIANTS))
+@pytest.mark.parametrize("config", AGREE_CONFIGS, ids=config_id)
 @settings(max_examples=2 if SIM else 20)
 @given(data=st.data())
-def test_tensor_core_variants_agree_across_layouts(flags, data):
+def test_tensor_core_variants_agree_across_layouts(config, flags, data):
     """Every tensor-core variant gives every layout (and the CSR table) the
     same bits ("vllm" values are gathered into the P @ V ring)."""
-    p = data.draw(decode_problems(max_kv_heads=2, layouts=("nhd",), dtypes=("float16", "bfloat16"),
-                                  head_sizes=(32,) if SIM else (64, 128, 256),
-                                  block_sizes=(5, 8, 16), max_seq_len=40 if SIM else 600,
-                                  max_seqs=2 if SIM else 4, groups=(1, 2, 4)), label="problem")
+    p = data.draw(decode_problems(**{**dict(
+        max_kv_heads=2, layouts=("nhd",), dtypes=("float16", "bfloat16"), head_sizes=(32,),
+        block_sizes=(5, 8, 16), max_seq_len=40 if SIM else 600, max_seqs=2 if SIM else 4,
+        groups=(1, 2, 4)), **config}), label="problem")
     with tensor_core_variant(flags):
         _layouts_agree(p)
 
