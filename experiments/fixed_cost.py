@@ -12,6 +12,13 @@ rotated inputs, CUDA graphs, medians); then fits ``c`` and ``BW`` per
 (implementation, batch, partitions) by least squares and prints them with
 the floor of a graph replay (one tiny kernel per call, timed the same way).
 One CSV row per timing, plus the fits (``context`` empty).
+
+    python experiments/fixed_cost.py --kernels       # print only
+
+lists, for the headline shapes, the kernels that one paged_numba call and
+one SDPA call launch, with their device times from the PyTorch profiler
+(CUPTI): how many kernels SDPA uses (a split-KV kernel and a combine, or
+one), and how our call's time splits between the decode and merge kernels.
 """
 import argparse
 import sys
@@ -42,6 +49,46 @@ def floor_us(reps):
             for n in (1, 4)}
 
 
+def kernel_times(call):
+    """``[(kernel name, device us)]`` of one ``call()`` (after one warm-up call)."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [(e.name, e.device_time_total) for e in prof.key_averages()
+            if e.device_time_total > 0]
+
+
+def list_kernels(shapes):
+    """Print :func:`kernel_times` of a paged_numba call and an SDPA call per shape."""
+    import paged_numba as pn
+    from numba import cuda
+    for b, c in shapes:
+        nb = b * -(-c // 16)
+        cache = pn.PagedKVCache(nb, 16, 8, 128, "float16", "nhd")
+        for pool in (cache.key_cache, cache.value_cache):
+            torch.as_tensor(pool, device="cuda").normal_()
+        table = cuda.as_cuda_array(torch.randperm(nb, device="cuda").reshape(b, -1)
+                                   .to(torch.int32).contiguous())
+        q = cuda.as_cuda_array(torch.randn(b, 32, 128, dtype=torch.float16, device="cuda"))
+        lens = cuda.as_cuda_array(torch.full((b,), c, dtype=torch.int32, device="cuda"))
+        plan = pn.DecodePlan(cache, b, 32, nb // b)
+        ks = torch.randn(b, 8, c, 128, dtype=torch.float16, device="cuda")
+        vs, qs = torch.randn_like(ks), torch.randn(b, 32, 1, 128, dtype=torch.float16,
+                                                   device="cuda")
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        for name, call in (
+                (f"paged_numba P={plan.num_partitions}",
+                 lambda: plan.run(q, table, lens, stream=torch.cuda.current_stream())),
+                ("torch_sdpa_contiguous", lambda: sdpa(qs, ks, vs, enable_gqa=True))):
+            got = kernel_times(call)
+            print(f"b={b:<4} ctx={c:<6} {name}: {sum(t for _, t in got):.1f} us in "
+                  f"{len(got)} kernel(s): "
+                  + "; ".join(f"{n[:60]} {t:.1f} us" for n, t in got), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
@@ -49,7 +96,12 @@ def main():
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="results/fixed_cost_h200.csv")
+    ap.add_argument("--kernels", action="store_true",
+                    help="list each call's kernels and device times on the headline shapes")
     a = ap.parse_args()
+    if a.kernels:
+        from bench_decode import HEADLINE
+        return list_kernels(HEADLINE)
     gpu, run_id, bw = torch.cuda.get_device_name(), new_run_id(), copy_gbps()
     command = "python experiments/fixed_cost.py " + " ".join(sys.argv[1:])
     print(f"{gpu}: copy {bw:.0f} GB/s; run {run_id}; empty graph replay per call: "
