@@ -51,14 +51,14 @@ def floor_us(reps):
 
 def kernel_times(call):
     """``[(kernel name, device us)]`` of one ``call()`` (after one warm-up call)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import DeviceType, ProfilerActivity, profile
     call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    return [(e.name, e.device_time_total) for e in prof.key_averages()
-            if e.device_time_total > 0]
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == DeviceType.CUDA]
 
 
 def list_kernels(shapes):
