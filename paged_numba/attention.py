@@ -360,8 +360,9 @@ class DecodePlan:
         and step, and steps in flight in the shared-memory copy ring (capped
         by the 48 KB of static shared memory).
     tensor_cores : bool, optional
-        Use the tensor-core kernel (``kernels.decode_tc``: q.k on ``mma.sync``)
-        or not; default: where it applies. True raises where it does not.
+        Use the tensor-core kernel (``kernels.decode_tc``: q.k and, by default,
+        P @ V on ``mma.sync``; ``decode_tc.PV_MMA`` and ``KEY_ROWS`` choose its
+        variants) or not; default: where it applies. True raises where it does not.
 
     Examples
     --------
