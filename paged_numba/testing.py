@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 
 from .kernels.decode import heads_per_block
 from .kernels import decode_tc
-from .kernels.decode_tc import supports as tensor_cores_apply
 from .layouts import from_nhd
 from .reference import gather_kv, logits, paged_decode_reference
 
@@ -396,7 +395,7 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     return bound, e_s + g + U32 * np.abs(lse)
 
 
-def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None, **variants):
+def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, **variants):
     """:func:`attention_error_bound` for every sequence of a :class:`DecodeProblem`.
 
     Merges counted: one per token (the decode kernel rescales its running
@@ -404,9 +403,10 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     one non-empty state per warp that saw tokens) plus one per split-K
     partition (at most the table's capacity in tokens when
     ``num_partitions`` is None). Where ``paged_decode`` runs the tensor-core
-    kernel, the logits are bounded with :data:`TENSOR_CORE_U` and P @ V as in
-    :data:`PV_WEIGHT_ERROR`, with at most ``min(n, ceil(n / 8) + 2
-    num_partitions)`` 8-token steps for ``n`` tokens.
+    kernel, the logits are bounded with :data:`TENSOR_CORE_U`; where it does
+    P @ V on tensor cores (``kernels.decode_tc.PV_MMA``, read at call time as
+    the launcher reads it), P @ V as in :data:`PV_WEIGHT_ERROR`, with at most
+    ``min(n, ceil(n / 8) + 2 num_partitions)`` 8-token steps for ``n`` tokens.
 
     Parameters
     ----------
@@ -416,9 +416,6 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     scale : float, optional
         Default ``1 / sqrt(head_size)``.
     num_partitions : int, optional
-    pv_mma : bool, optional
-        Whether the tensor-core kernel does P @ V on tensor cores; default
-        ``kernels.decode_tc.PV_MMA``, what ``paged_decode`` runs.
     **variants
         As in :func:`attention_error_bound`.
 
@@ -445,14 +442,14 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
     hpb = heads_per_block(problem.num_heads // problem.num_kv_heads)
-    tc = tensor_cores_apply(problem.head_size, hpb, problem.dtype, problem.layout)
+    tc = decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout)
     dot_u = TENSOR_CORE_U if tc else U32
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
         pv = None
-        if tc and (decode_tc.PV_MMA if pv_mma is None else pv_mma):
+        if tc and decode_tc.PV_MMA:
             steps = min(int(n), -(-int(n) // 8) + 2 * num_partitions)
             pv = (steps, *PV_WEIGHT_ERROR[problem.dtype])
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
