@@ -232,6 +232,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         return w
 
     @device_function
+    def token_at(block_tables, seq, s, lo, hi):
+        """``(physical block, offset in it)`` of token ``s`` moved into ``[lo, hi]``
+        (a token outside reads a neighbour inside: finite data, masked out)."""
+        t = int32(min(max(s, lo), hi))
+        b = int32(uint32(t) // uint32(BLOCK_SIZE))
+        return block_tables[seq, b], int32(t - b * BLOCK_SIZE)
+
+    @device_function
     def step_blocks(block_tables, seq, astart, warp, j0, end, lane):
         """Lane ``lane``'s entry of the warp's block-number window: the block
         of the first token of step ``j0 + lane`` (0 past the end)."""
@@ -271,26 +279,21 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                                  vt + int32((k * TG) * v_tok))
         elif KR:        # keys and values of token g + k * TG: one table load each
             for k in range(TPL):
-                t = int32(min(max(s0 + g + k * TG, lo), hi))
-                b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                bt = block_tables[seq, b]
-                kt = wide(bt, k_blk) + int32(kb0 + (t - b * BLOCK_SIZE) * k_tok)
+                bt, off = token_at(block_tables, seq, s0 + g + k * TG, lo, hi)
+                kt = wide(bt, k_blk) + int32(kb0 + off * k_tok)
                 copy16_async(ring, swizzled(stage, k, k, tid, vsw), key_cache, kt)
                 if STAGE_V:
-                    vt = wide(bt, v_blk) + int32(vb0 + (t - b * BLOCK_SIZE) * v_tok)
+                    vt = wide(bt, v_blk) + int32(vb0 + off * v_tok)
                     copy16_async(ring, vdst(stage, k, tid, vsw), value_cache, vt)
         else:
-            t = int32(min(max(s0 + r, lo), hi))
-            b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            kt = wide(block_tables[seq, b], k_blk) + int32(kb0 + (t - b * BLOCK_SIZE) * k_tok)
+            bt, off = token_at(block_tables, seq, s0 + r, lo, hi)
+            kt = wide(bt, k_blk) + int32(kb0 + off * k_tok)
             for i in range(KV4):
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
-                    t = int32(min(max(s0 + g + k * TG, lo), hi))
-                    b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                    vt = (wide(block_tables[seq, b], v_blk)
-                          + int32(vb0 + (t - b * BLOCK_SIZE) * v_tok))
+                    bt, off = token_at(block_tables, seq, s0 + g + k * TG, lo, hi)
+                    vt = wide(bt, v_blk) + int32(vb0 + off * v_tok)
                     copy16_async(ring, vdst(stage, k, tid, vsw), value_cache, vt)
         commit_group()
 
@@ -318,10 +321,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         size, so not ``cp.async``): store the lane's value vectors where the
         other layouts' copies put them, element by element."""
         for k in range(TPL):
-            t = int32(min(max(s0 + g + k * TG, start), hi))
-            b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            blk = block_tables[seq, b]
-            tok = int32(t - b * BLOCK_SIZE)
+            blk, tok = token_at(block_tables, seq, s0 + g + k * TG, start, hi)
             base = vdst(stage, k, tid, vsw)
             for e in range(VEC):
                 ring[base + e] = value_cache[blk, kvh, lr * VEC + e, tok]
