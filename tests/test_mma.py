@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32, uint32
 
-import paged_numba  # noqa: F401  (simulator warp operations)
+import paged_numba  # noqa: F401  (simulator warp operations; NumPy's "bfloat16" dtype)
 from paged_numba.kernels.mma import load_words, mma_m16n8k16
 from paged_numba.testing import TENSOR_CORE_U
 
@@ -18,11 +18,9 @@ def _words(pairs):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_mma_m16n8k16_is_a_times_b_plus_c(dtype):
-    import ml_dtypes
     rng = np.random.default_rng(7)
-    host_t = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
-    a = rng.standard_normal((16, 16)).astype(host_t)
-    b = rng.standard_normal((16, 8)).astype(host_t)
+    a = rng.standard_normal((16, 16)).astype(dtype)   # "bfloat16": registered by ml_dtypes
+    b = rng.standard_normal((16, 8)).astype(dtype)
     c = rng.standard_normal((16, 8)).astype(np.float32)
     bits_a, bits_b = a.view(np.uint16), b.view(np.uint16)
     # per lane (r, c4) = divmod(lane, 4): the PTX fragment layout of m16n8k16 .row.col
@@ -82,17 +80,12 @@ def test_load_words_returns_the_raw_16_bytes():
     assert (out.copy_to_host() == data[8:16].view(np.uint32)).all()
 
 
-def _host_type(dtype):
-    import ml_dtypes
-    return np.float16 if dtype == "float16" else ml_dtypes.bfloat16
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_mma_m16n8k8_is_a_times_b_plus_c(dtype):
     from paged_numba.kernels.mma import mma_m16n8k8
     rng = np.random.default_rng(8)
-    a = rng.standard_normal((16, 8)).astype(_host_type(dtype))
-    b = rng.standard_normal((8, 8)).astype(_host_type(dtype))
+    a = rng.standard_normal((16, 8)).astype(dtype)
+    b = rng.standard_normal((8, 8)).astype(dtype)
     c = rng.standard_normal((16, 8)).astype(np.float32)
     bits_a, bits_b = a.view(np.uint16), b.view(np.uint16)
     frag = np.zeros((32, 3), np.uint32)           # m16n8k8 .row.col: a0, a1, b0
@@ -173,7 +166,7 @@ def test_split_pack_keeps_the_weights_to_the_stated_precision(dtype):
     kernel[(len(x) + 63) // 64, 64](cuda.to_device(x), out)
     words = out.copy_to_host()
     halves = words[..., None] >> np.array([0, 16], np.uint32) & 0xFFFF     # [n, hi/lo, x0/x1]
-    vals = halves.astype(np.uint16).view(_host_type(dtype)).astype(np.float64)
+    vals = halves.astype(np.uint16).view(dtype).astype(np.float64)
     y = x.astype(np.float64) * 2.0 ** 15
     rel, absolute = (2.0 ** -22, 2.0 ** -25) if dtype == "float16" else (2.0 ** -16, 0.0)
     err = np.abs(vals[:, 0] + vals[:, 1] - y)
