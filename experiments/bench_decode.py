@@ -6,7 +6,12 @@ Method: inputs are rotated so that the bytes touched per timed pass exceed
 the L2 several times; each implementation's calls are captured in a CUDA
 graph (one call per rotation) and the graph is replayed, timed with CUDA
 events; the median over replays, divided by the calls per replay, is the
-time per call. The device's copy bandwidth is measured in the same run.
+time per call. Each timed replay is queued behind a short spin kernel, so
+that the start event fires when the graph is already waiting on the device
+and the time is the graph's own, not the host's submission of it
+(``--idle-start`` times from an idle device instead, as before 2026-11-30:
+that adds 8-9 us per replay on the H200 machine, to SDPA and to ours).
+The device's copy bandwidth is measured in the same run.
 Bytes counted: one read of K and V (``2 * seq_len * num_kv_heads *
 head_size * itemsize`` per sequence) plus the query and the output.
 """
@@ -26,6 +31,8 @@ from bench_common import new_run_id, write_rows
 HEADLINE = [(1, 32768), (16, 4096), (64, 4096), (256, 2048), (128, 8192)]
 L2_BYTES = 60 * 2**20
 WARM_S = 0.1       # seconds of graph replays before each timing
+QUEUE_CYCLES = 200_000   # spin before each timed replay (~0.1 ms, longer than submitting it)
+QUEUED = True      # False: --idle-start
 FIELDS = ["run_id", "gpu", "impl", "batch", "context", "num_heads", "num_kv_heads", "head_size",
           "block_size", "dtype", "layout", "table", "num_partitions", "us", "gbps", "pct_copy_bw",
           "ratio_to_sdpa", "host_us", "copy_gbps", "command"]
@@ -54,6 +61,8 @@ def graph_time(calls, reps):
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if QUEUED:      # the device is busy until the replay has been submitted
+            torch.cuda._sleep(QUEUE_CYCLES)
         a.record()
         graph.replay()
         b.record()
@@ -239,7 +248,12 @@ def main():
                          "kernel alone, print only")
     ap.add_argument("--once", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                     help="build and run one headline-style configuration (for a profiler)")
+    ap.add_argument("--idle-start", action="store_true",
+                    help="start each timed replay on an idle device (the method before "
+                         "2026-11-30; counts the host's graph submission)")
     args = ap.parse_args()
+    global QUEUED
+    QUEUED = not args.idle_start
     if args.tuning:
         variants = [dict(tensor_cores=False, num_warps=4, unroll=4, stages=2)]
         variants += [dict(tensor_cores=True, num_warps=w, stages=st)

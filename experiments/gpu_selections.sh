@@ -6,8 +6,8 @@
 # `bash experiments/gpu_selections.sh N` prints selection N (1..6).
 set -uo pipefail
 SEL=(
-  "decode and not placement and not tensor_core_variants and (dtypefloat16 or dtypebfloat16)"
-  "decode and not placement and not tensor_core_variants and not (dtypefloat16 or dtypebfloat16)"
+  "decode and not placement and not tensor_core_variants and not wide and (dtypefloat16 or dtypebfloat16)"
+  "decode and not placement and not tensor_core_variants and (wide or not (dtypefloat16 or dtypebfloat16))"
   "not decode and prefill"
   "not (decode and not placement) and not prefill and not tensor_core_variants"
   "tensor_core_variants and not pv_mma"

@@ -51,20 +51,27 @@ def blocks_by_registers(regs, threads):
     return REGS_PER_SM // max(-(-regs * 32 // 256) * 256 * (threads // 32), 1)
 
 
-def _blocks_by_shared(kernel):
-    return SHARED_PER_SM // max(kernel.shared_mem_per_block + 1024, 1)   # + driver reserve
+def dynamic_shared(dispatcher):
+    """Bytes of dynamic shared memory a launch of ``dispatcher`` needs: the
+    ``dynamic_shared_bytes`` its kernel factory set on it, else 0."""
+    return int(getattr(dispatcher, "dynamic_shared_bytes", 0))
+
+
+def _blocks_by_shared(kernel, dispatcher):
+    used = kernel.shared_mem_per_block + dynamic_shared(dispatcher) + 1024   # + driver reserve
+    return SHARED_PER_SM // used
 
 
 def resident_blocks(dispatcher, argtypes, threads):
     """Thread blocks of ``dispatcher``, compiled for the numba types
     ``argtypes``, that fit on one multiprocessor at once, from its registers
-    and static shared memory (sm_80/90 limits: 64 K registers, 228 KB shared
+    and shared memory (sm_80/90 limits: 64 K registers, 228 KB shared
     memory, 64 warps, 32 blocks)."""
     if config.ENABLE_CUDASIM:
         return SIMULATED_RESIDENT_BLOCKS
     kernel = dispatcher.compile(tuple(argtypes))
     by_regs = blocks_by_registers(kernel.regs_per_thread, threads)
-    return max(1, min(by_regs, _blocks_by_shared(kernel), 64 * 32 // threads, 32))
+    return max(1, min(by_regs, _blocks_by_shared(kernel, dispatcher), 64 * 32 // threads, 32))
 
 
 def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
@@ -93,16 +100,19 @@ def register_cap(dispatcher, argtypes, threads):
     if config.ENABLE_CUDASIM or not cuda.is_available():
         return None
     kernel = dispatcher.compile(tuple(argtypes))
-    return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel))
+    return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel, dispatcher))
 
 
 class PackedLaunch:
-    """``dispatcher[grid, block, stream](*args)`` with ``args`` frozen at construction.
+    """``dispatcher[grid, block, stream, shared](*args)`` with ``args`` frozen at
+    construction, and ``shared`` the dispatcher's :func:`dynamic_shared` bytes
+    (allowed on the compiled function where they exceed the default 48 KB).
 
     Call it with a stream (anything :func:`stream_handle` accepts)."""
 
     def __init__(self, dispatcher, grid, block, args):
         self.dispatcher, self.grid, self.block, self.args = dispatcher, grid, block, args
+        self.shared = dynamic_shared(dispatcher)
         if config.ENABLE_CUDASIM:
             return
         from cuda.bindings import driver as drv
@@ -122,15 +132,21 @@ class PackedLaunch:
         grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
         self._dims = (*grid3, block, 1, 1)
         self._function = drv.CUfunction(int(kernel._codelibrary.get_cufunc().handle))
+        if self.shared > 48 * 1024:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            err, = drv.cuFuncSetAttribute(self._function, attr, self.shared)
+            if err != drv.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuFuncSetAttribute({self.shared} bytes of dynamic shared "
+                                   f"memory) failed: {err!r}")
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
 
     def __call__(self, stream=None):
         if config.ENABLE_CUDASIM:
             # the simulator runs kernels synchronously: any stream is the default one
-            self.dispatcher[self.grid, self.block, cuda.default_stream()](*self.args)
+            self.dispatcher[self.grid, self.block, cuda.default_stream(), self.shared](*self.args)
             return
-        err, = self._launch(self._function, *self._dims, 0, stream_handle(stream),
+        err, = self._launch(self._function, *self._dims, self.shared, stream_handle(stream),
                             self._address, 0)
         if err != self._ok:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")

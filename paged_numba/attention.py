@@ -16,6 +16,7 @@ STAGES = 2            # warp steps whose K/V copies are in flight (the copy ring
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
 PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
 SPLIT_MARGIN = 0.05   # split only for a modelled gain above this
+WIDE_FILL = 0.9       # unsplit wide blocks once the blocks fill this share of the SMs
 
 
 def _int32_device(name, x, validate):
@@ -115,7 +116,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     head size 32/64/128/256) unless ``tensor_cores`` is
     False, else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll,
     stages)``; the tensor-core kernel has no ``unroll``, halves
-    ``num_warps`` until two ring stages fit in shared memory, and is compiled
+    ``num_warps`` until two ring stages fit in shared memory (dynamic shared
+    memory where the static 48 KB do not hold them), and is compiled
     with a register limit where a few registers fewer buy one more resident
     thread block (``_launch.register_cap``); its variants are those that
     ``decode_tc.PV_MMA`` and ``decode_tc.KEY_ROWS`` choose."""
@@ -130,7 +132,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     if usable and tensor_cores is not False:
         # the warps split the tokens, so they decide the rounding: choose them as for
         # a layout that stages values too, so that every layout gives the same bits
-        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
+        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd",
+                                                          dynamic=True):
             num_warps //= 2
         kr = decode_tc.KEY_ROWS     # None: key_rows for the unsplit kernel only
         variant = dict(pv_mma=bool(decode_tc.PV_MMA),
@@ -169,6 +172,40 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
         raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
     partition_size = max(-(-max_context // int(num_partitions)), 1)
     return max(-(-max_context // partition_size), 1), partition_size
+
+
+def static_warps(head_size, stages=STAGES, num_warps=NUM_WARPS):
+    """The default warps per block: ``num_warps``, halved until the tensor-core
+    kernel's copy ring fits the static 48 KB of shared memory (2 at head size
+    256)."""
+    while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
+        num_warps //= 2
+    return num_warps
+
+
+def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
+                 unroll=UNROLL, stages=STAGES, tensor_cores=None):
+    """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
+    picks. By default the blocks have :func:`static_warps` warps and
+    :func:`num_partitions_for` splits the context. Where that would split a
+    batch whose (sequence, head block) pairs alone fill ``WIDE_FILL`` of the
+    multiprocessors, the tensor-core kernel instead runs unsplit with enough
+    warps per block to saturate HBM (``decode_tc.SATURATING_WARP_DIMS``; its
+    ring then lives in dynamic shared memory): one block per multiprocessor
+    streams as fast as two half as wide, without the merge."""
+    auto = num_warps is None
+    tc = tensor_cores is not False and decode_tc.supports(cache.head_size, hpb,
+                                                          cache.dtype.name, cache.layout)
+    if auto:
+        num_warps = static_warps(cache.head_size, stages) if tc else NUM_WARPS
+    tuning = (int(num_warps), int(unroll), int(stages))
+    parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
+                              tuning, tensor_cores)
+    wide = decode_tc.SATURATING_WARP_DIMS // cache.head_size
+    if (auto and tc and num_partitions is None and parts > 1 and wide > num_warps
+            and num_seqs * (num_heads // hpb) >= WIDE_FILL * _arrays.sm_count()):
+        return wide, 1, max(max_context, 1)
+    return tuning[0], parts, size
 
 
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
@@ -249,23 +286,25 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
-    num_partitions, partition_size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads,
-                                                 max_context, (NUM_WARPS, UNROLL, STAGES))
+    num_warps, num_partitions, partition_size = launch_shape(num_partitions, None, cache, hpb,
+                                                             num_seqs, num_heads, max_context)
 
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
-        kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1)
+        kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1,
+                                           (num_warps, UNROLL, STAGES))
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants)
         if num_partitions == 1:
-            kernel[grid, threads](out.reshape(num_seqs, 1, num_heads, head_size),
-                                  lse.reshape(num_seqs, 1, num_heads), *args)
+            _launch.PackedLaunch(kernel, grid, threads,
+                                 (out.reshape(num_seqs, 1, num_heads, head_size),
+                                  lse.reshape(num_seqs, 1, num_heads), *args))()
         else:
             part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
             part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
-            kernel[grid, threads](part_out, part_lse, *args)
+            _launch.PackedLaunch(kernel, grid, threads, (part_out, part_lse, *args))()
             merge_kernel(cache.dtype.name)[(num_heads, num_seqs), 128](out, lse, part_out,
                                                                        part_lse)
     if from_host:
@@ -355,10 +394,13 @@ class DecodePlan:
         As in :func:`paged_decode`.
     num_partitions : int, optional
         Split-K partitions; default from the heuristic of :func:`paged_decode`.
-    num_warps, unroll, stages : int
-        Tuning knobs of the kernel: warps per thread block, tokens per lane
-        and step, and steps in flight in the shared-memory copy ring (capped
-        by the 48 KB of static shared memory).
+    num_warps : int, optional
+        Warps per thread block; default from the batch (:func:`launch_shape`:
+        4, or 2 at head size 256, and more for an unsplit batch that alone
+        fills the GPU).
+    unroll, stages : int
+        Tuning knobs of the kernel: tokens per lane and step (CUDA-core
+        kernel), and steps in flight in the shared-memory copy ring.
     tensor_cores : bool, optional
         Use the tensor-core kernel (``kernels.decode_tc``: q.k and, by default,
         P @ V on ``mma.sync``; ``decode_tc.PV_MMA`` and ``KEY_ROWS`` choose its
@@ -381,7 +423,7 @@ class DecodePlan:
 
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 num_partitions=None, num_warps=NUM_WARPS, unroll=UNROLL, stages=STAGES,
+                 num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
                  tensor_cores=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
@@ -395,11 +437,10 @@ class DecodePlan:
         self._variants = _variants(self.num_heads, sliding_window, alibi_slopes, logits_soft_cap)
         self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
         max_context = max(self.max_blocks * cache.block_size, 1)
-        self.num_warps = int(num_warps)
+        self.num_warps, self.num_partitions, self.partition_size = launch_shape(
+            num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
+            unroll, stages, tensor_cores)
         tuning = (self.num_warps, int(unroll), int(stages))
-        self.num_partitions, self.partition_size = _partitions(
-            num_partitions, cache, hpb, self.num_seqs, num_heads, max_context, tuning,
-            tensor_cores)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)

@@ -66,6 +66,7 @@ STEP = 8                    # tokens per warp step: the mma's N
 PV_MMA = True      # P @ V on tensor cores
 KEY_ROWS = None    # keys by ldmatrix; None: for the unsplit kernel only (faster there)
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
+MAX_SHARED_BYTES = 232448    # static + dynamic shared memory of one block (sm_90, opt-in)
 
 
 def supports(head_size, heads_per_block, dtype, layout):
@@ -88,16 +89,41 @@ def saturating_blocks(head_size, num_warps):
     return max(1, -(-SATURATING_WARP_DIMS // (num_warps * head_size)))
 
 
-def ring_stages(head_size, num_warps, stages, layout, pv_mma=False):
-    """Ring depth that fits the static shared memory (0 if not even 2 fit)."""
+def _chunks_per_lane(head_size, layout, pv_mma):
+    """16-byte ring chunks a lane copies per step: its key vectors, and its
+    value vectors where the values go through the ring."""
     nvec = head_size // 8
-    lpr = min(32, nvec)
-    staged = pv_mma or layout != "vllm"                 # values in the ring
-    cps = nvec // 4 + (STEP * lpr // 32 if staged else 0)   # chunks per lane, step
-    room = SHARED_BYTES - 4 * (num_warps * head_size + 3 * num_warps * MAX_HPB
-                               + num_warps * STEP * MAX_HPB) - 512
-    fit = room // (cps * 32 * num_warps * 16)
+    staged = pv_mma or layout != "vllm"
+    return nvec // 4 + (STEP * min(32, nvec) // 32 if staged else 0)
+
+
+def ring_stages(head_size, num_warps, stages, layout, pv_mma=False, dynamic=False):
+    """Ring depth that fits the static shared memory, or with ``dynamic`` the
+    most one thread block may have (``MAX_SHARED_BYTES``); 0 if not even 2 fit.
+
+    >>> ring_stages(128, 4, 2, "nhd", True), ring_stages(128, 8, 2, "nhd", True)
+    (2, 0)
+    >>> ring_stages(128, 8, 2, "nhd", True, dynamic=True)
+    2
+    """
+    room = (MAX_SHARED_BYTES if dynamic else SHARED_BYTES) - 4 * (
+        num_warps * head_size + 3 * num_warps * MAX_HPB + num_warps * STEP * MAX_HPB) - 512
+    fit = room // (_chunks_per_lane(head_size, layout, pv_mma) * 32 * num_warps * 16)
     return min(stages, fit) if fit >= 2 else 0
+
+
+def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
+    """Bytes of the copy ring where it must live in dynamic shared memory
+    (two stages do not fit the static 48 KB: more warps than 4 at head size
+    128), else 0.
+
+    >>> dynamic_ring_bytes(128, 4, 2, "nhd", True), dynamic_ring_bytes(128, 8, 2, "nhd", True)
+    (0, 65536)
+    """
+    if ring_stages(head_size, num_warps, stages, layout, pv_mma):
+        return 0
+    depth = ring_stages(head_size, num_warps, stages, layout, pv_mma, dynamic=True)
+    return depth * _chunks_per_lane(head_size, layout, pv_mma) * 32 * num_warps * 16
 
 
 @functools.cache
@@ -141,6 +167,9 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     PV = pv_mma
     KR = key_rows
     STAGES = ring_stages(D, NW, stages, layout, PV)
+    DYNAMIC = STAGES == 0                 # the ring in dynamic shared memory (more warps)
+    if DYNAMIC:
+        STAGES = ring_stages(D, NW, stages, layout, PV, dynamic=True)
     STAGE_V = layout != "vllm"            # "vllm" value rows are strided: not cp.async
     NMMA = D // 16                        # P @ V on tensor cores: 16-dim output tiles
     NLDM = NVEC // 4                      # ... and ldmatrix.x4 loads a step
@@ -355,7 +384,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         alpha_s = cuda.shared.array((NW, MAX_HPB), float32, alignment=16)
         p_s = cuda.shared.array((NW, STEP, MAX_HPB), float32, alignment=16)
         acc_s = cuda.shared.array((NW, D), float32)
-        ring = cuda.shared.array(RING, SMEM_T, alignment=16)
+        ring = cuda.shared.array(0 if DYNAMIC else RING, SMEM_T, alignment=16)
 
         # A fragments: query row h0 + r (zero for r >= HPB), vector c + 4i holds
         # the words of k-steps 2i (words 0, 1) and 2i + 1 (words 2, 3)
@@ -561,4 +590,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         else:
             merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
 
+    # what a launch must ask for (``_launch.PackedLaunch`` reads it)
+    paged_decode_tc_kernel.dynamic_shared_bytes = (
+        dynamic_ring_bytes(D, NW, stages, layout, PV) if DYNAMIC else 0)
     return paged_decode_tc_kernel
