@@ -103,6 +103,20 @@ def register_cap(dispatcher, argtypes, threads):
     return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel, dispatcher))
 
 
+def allow_dynamic_shared(drv, cufunc, nbytes):
+    """Let ``cufunc`` (numba's loaded kernel) use ``nbytes`` of dynamic shared
+    memory on its device; above 48 KB a launch fails without this. numba-cuda
+    loads kernels through the library API, so the handle is a ``CUkernel``
+    and the attribute is set per device (``cuKernelSetAttribute``)."""
+    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = int(cufunc.handle)
+    err, = drv.cuKernelSetAttribute(attr, nbytes, drv.CUkernel(handle), int(cufunc.device.id))
+    if err != drv.CUresult.CUDA_SUCCESS:    # a module-loaded function: set it on the function
+        err, = drv.cuFuncSetAttribute(drv.CUfunction(handle), attr, nbytes)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"setting {nbytes} bytes of dynamic shared memory failed: {err!r}")
+
+
 class PackedLaunch:
     """``dispatcher[grid, block, stream, shared](*args)`` with ``args`` frozen at
     construction, and ``shared`` the dispatcher's :func:`dynamic_shared` bytes
@@ -131,13 +145,10 @@ class PackedLaunch:
         self._address = ctypes.addressof(self._pointers)
         grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
         self._dims = (*grid3, block, 1, 1)
-        self._function = drv.CUfunction(int(kernel._codelibrary.get_cufunc().handle))
+        cufunc = kernel._codelibrary.get_cufunc()
+        self._function = drv.CUfunction(int(cufunc.handle))
         if self.shared > 48 * 1024:
-            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            err, = drv.cuFuncSetAttribute(self._function, attr, self.shared)
-            if err != drv.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuFuncSetAttribute({self.shared} bytes of dynamic shared "
-                                   f"memory) failed: {err!r}")
+            allow_dynamic_shared(drv, cufunc, self.shared)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
 
