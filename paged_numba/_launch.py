@@ -85,9 +85,17 @@ def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
     128
     >>> register_limit(131, 128, by_shared=3) is None, register_limit(184, 64, 6) is None
     (True, True)
+
+    Where not even one block fits (512 threads of 142 registers), the cap that
+    lets one fit, however many registers below: without it the launch fails.
+
+    >>> register_limit(142, 512, by_shared=3), register_limit(128, 512, by_shared=3) is None
+    (128, True)
     """
     more = blocks_by_registers(regs, threads) + 1
     cap = REGS_PER_SM // (more * threads) // 8 * 8
+    if more == 1:
+        return cap if cap < regs else None
     fits = by_shared >= more and more * threads <= 64 * 32 and more <= 32
     return cap if fits and regs - slack <= cap < regs else None
 

@@ -16,7 +16,6 @@ STAGES = 2            # warp steps whose K/V copies are in flight (the copy ring
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
 PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
 SPLIT_MARGIN = 0.05   # split only for a modelled gain above this
-WIDE_FILL = 0.9       # unsplit wide blocks once the blocks fill this share of the SMs
 
 
 def _int32_device(name, x, validate):
@@ -186,25 +185,18 @@ def static_warps(head_size, stages=STAGES, num_warps=NUM_WARPS):
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
                  unroll=UNROLL, stages=STAGES, tensor_cores=None):
     """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
-    picks. By default the blocks have :func:`static_warps` warps and
-    :func:`num_partitions_for` splits the context. Where that would split a
-    batch whose (sequence, head block) pairs alone fill ``WIDE_FILL`` of the
-    multiprocessors, the tensor-core kernel instead runs unsplit with enough
-    warps per block to saturate HBM (``decode_tc.SATURATING_WARP_DIMS``; its
-    ring then lives in dynamic shared memory): one block per multiprocessor
-    streams as fast as two half as wide, without the merge."""
-    auto = num_warps is None
+    picks: :func:`static_warps` warps for the tensor-core kernel
+    (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
+    More warps than fit the static shared memory are the caller's choice
+    (the ring then lives in dynamic shared memory): on the H200 they did not
+    beat the split (``experiments/NOTES.md``, session 9)."""
     tc = tensor_cores is not False and decode_tc.supports(cache.head_size, hpb,
                                                           cache.dtype.name, cache.layout)
-    if auto:
+    if num_warps is None:
         num_warps = static_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (int(num_warps), int(unroll), int(stages))
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
                               tuning, tensor_cores)
-    wide = decode_tc.SATURATING_WARP_DIMS // cache.head_size
-    if (auto and tc and num_partitions is None and parts > 1 and wide > num_warps
-            and num_seqs * (num_heads // hpb) >= WIDE_FILL * _arrays.sm_count()):
-        return wide, 1, max(max_context, 1)
     return tuning[0], parts, size
 
 
@@ -395,9 +387,9 @@ class DecodePlan:
     num_partitions : int, optional
         Split-K partitions; default from the heuristic of :func:`paged_decode`.
     num_warps : int, optional
-        Warps per thread block; default from the batch (:func:`launch_shape`:
-        4, or 2 at head size 256, and more for an unsplit batch that alone
-        fills the GPU).
+        Warps per thread block; default 4 (2 at head size 256, where the
+        tensor-core kernel's copy ring of 4 does not fit 48 KB). More put the
+        ring in dynamic shared memory.
     unroll, stages : int
         Tuning knobs of the kernel: tokens per lane and step (CUDA-core
         kernel), and steps in flight in the shared-memory copy ring.

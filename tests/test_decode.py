@@ -143,10 +143,10 @@ def test_decode_tensor_core_variants_match_reference(config, flags, data):
                      **extra)
 
 
-# Wide blocks: as many warps as saturate HBM from one block (``launch_shape``'s choice
-# for an unsplit batch that fills the GPU), so the copy ring is in dynamic shared memory
-# (above 48 KB where the block has more than 4 warps at head size 128). On a GPU: head
-# size 128 in every layout and dtype, 64 and 256 in two each; groups rotated.
+# Wide blocks: as many warps as saturate HBM from one block (a caller's choice), so
+# the copy ring is in dynamic shared memory (above 48 KB where the block has more than
+# 4 warps at head size 128). On a GPU: head size 128 in every layout and dtype, 64 and
+# 256 in two each; groups rotated.
 WIDE_CONFIGS = ([dict(head_sizes=(128,), block_sizes=(16,), layouts=("nhd",),
                       dtypes=("float16",), groups=(4,), max_seqs=2, max_kv_heads=1,
                       max_seq_len=40)] if SIM
@@ -164,7 +164,7 @@ WIDE_CONFIGS = ([dict(head_sizes=(128,), block_sizes=(16,), layouts=("nhd",),
 def test_decode_wide_blocks_match_reference(config, data):
     """``DecodePlan`` with wide blocks (``decode_tc.SATURATING_WARP_DIMS`` over the
     head size warps), unsplit and split, against the reference."""
-    from numba import cuda
+    from paged_numba import _arrays
     from paged_numba.kernels import decode_tc
     p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
     extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
@@ -177,33 +177,27 @@ def test_decode_wide_blocks_match_reference(config, data):
     assert plan._threads == 32 * warps
     assert plan._kernel.dynamic_shared_bytes == decode_tc.dynamic_ring_bytes(
         p.head_size, warps, 2, p.layout, decode_tc.PV_MMA) > 0
-    out = plan.run(cuda.to_device(q), cuda.to_device(p.block_tables),
-                   cuda.to_device(p.seq_lens)).copy_to_host()
+    dev = [_arrays.as_device(a, name)[0] for a, name in
+           ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
+    out = _arrays.to_host(plan.run(*dev), cache.dtype)
     check_attention(q, out, plan.lse.copy_to_host(),
                     *decode_reference(p, q, k, v, num_partitions=parts, **extra))
 
 
-def test_launch_shape_widens_only_an_unsplit_batch_that_fills_the_gpu(monkeypatch):
-    """``launch_shape``: a batch whose (sequence, head block) pairs fill 90% of the
-    SMs runs unsplit with 8 warps at head size 128, where 4 warps would split;
-    smaller batches split with 4 warps, and explicit choices are kept. paged_decode
-    makes the same choice as DecodePlan."""
-    from paged_numba import _arrays
+def test_default_warps_fit_static_shared_memory_and_more_are_kept():
+    """``launch_shape``: 4 warps by default (2 at head size 256, where 4 do not fit
+    the static 48 KB), the same in paged_decode and DecodePlan; a caller's 8 at
+    head size 128 are kept, with the ring in 64 KB of dynamic shared memory."""
     from paged_numba.attention import launch_shape
-    monkeypatch.setattr(_arrays, "sm_count", lambda default=132: 132)
-    cache = pn.PagedKVCache(8, 16, 8, 128, "float16")
-    shape = lambda n, **kw: launch_shape(kw.get("parts"), kw.get("warps"), kw.get("c", cache), 4,
-                                         n, 32, 4096)
-    assert shape(15) == (8, 1, 4096)                  # 120 blocks >= 0.9 * 132
-    assert shape(14)[0] == 4 and shape(14)[1] > 1     # 112 blocks: split, 4 warps
-    assert shape(15, parts=2) == (4, 2, 2048)         # explicit partitions: no widening
-    assert shape(15, warps=4)[0] == 4 and shape(15, warps=4)[1] > 1
-    assert shape(64) == (4, 1, 4096)                  # fills the GPU unsplit already
-    fp32 = pn.PagedKVCache(8, 16, 8, 128, "float32")  # no tensor-core kernel: never wide
-    assert shape(15, c=fp32)[0] == 4
-    plan = pn.DecodePlan(cache, 15, 32, 256)
-    assert (plan.num_warps, plan._threads, plan.num_partitions) == (8, 256, 1)
-    assert plan._kernel.dynamic_shared_bytes == 65536
+    for hs, warps in ((64, 4), (128, 4), (256, 2)):
+        cache = pn.PagedKVCache(8, 16, 8, hs, "float16")
+        assert launch_shape(None, None, cache, 4, 16, 32, 4096)[0] == warps
+        plan = pn.DecodePlan(cache, 16, 32, 256)
+        assert plan._threads == 32 * warps and plan._kernel.dynamic_shared_bytes == 0
+    fp32 = pn.PagedKVCache(8, 16, 8, 256, "float32")     # the CUDA-core kernel: NUM_WARPS
+    assert launch_shape(None, None, fp32, 4, 16, 32, 4096)[0] == 4
+    plan = pn.DecodePlan(pn.PagedKVCache(8, 16, 8, 128, "float16"), 16, 32, 256, num_warps=8)
+    assert plan._threads == 256 and plan._kernel.dynamic_shared_bytes == 65536
 
 
 @pytest.mark.parametrize("config", PLACEMENT_CONFIGS, ids=config_id)
