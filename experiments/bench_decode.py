@@ -9,8 +9,10 @@ events; the median over replays, divided by the calls per replay, is the
 time per call. Each timed replay is queued behind a short spin kernel, so
 that the start event fires when the graph is already waiting on the device
 and the time is the graph's own, not the host's submission of it
-(``--idle-start`` times from an idle device instead, as before 2026-11-30:
-that adds 8-9 us per replay on the H200 machine, to SDPA and to ours).
+(``--idle-start`` times from an idle device instead, as before 2026-11-30;
+on the H200 machine that measured 0.2-1 us more per call on the two small
+headline rows, for SDPA and for ours, and no difference past the noise on
+the large ones: ``experiments/NOTES.md``, session 9).
 The device's copy bandwidth is measured in the same run.
 Bytes counted: one read of K and V (``2 * seq_len * num_kv_heads *
 head_size * itemsize`` per sequence) plus the query and the output.

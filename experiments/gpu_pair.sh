@@ -3,10 +3,10 @@
 # (nvidia-h200-x2: 32 cores): lane A's selections one after the other on GPU 0
 # with cores 0-15, lane B's on GPU 1 with cores 16-31, each with pytest -n 16.
 # A lane is one argument, its selections separated by spaces. Logs go to $OUT/selN.log.
-# Usage (repository root, .whl carried as for gpu_tests.sh); as timed in session 8
-# (seconds, one GPU and 16 cores each): 1 ~510, 2 ~225, 3 ~230, 4 ~130; 5 and 6 took
-# ~385 each before their configurations got one GQA group each (not yet timed since):
-#   CHECK=1 bash experiments/gpu_pair.sh 1 "2 3"; bash experiments/gpu_pair.sh "5 4" 6
+# Usage (repository root, .whl carried as for gpu_tests.sh); as timed in session 9
+# (seconds, one GPU and 16 cores each): 1 ~470, 2 ~290 (with the wide-block tests),
+# 3 ~230 (session 8), 4 ~165, 5 ~205, 6 ~180:
+#   CHECK=1 bash experiments/gpu_pair.sh 1 "2 4"; bash experiments/gpu_pair.sh "5 6" 3
 set -uo pipefail
 OUT=${OUT:-/tmp}
 if ls .whl/*.whl >/dev/null 2>&1; then
