@@ -4,7 +4,7 @@
 # with cores 0-15, lane B's on GPU 1 with cores 16-31, each with pytest -n 16.
 # A lane is one argument, its selections separated by spaces. Logs go to $OUT/selN.log.
 # Usage (repository root, .whl carried as for gpu_tests.sh); as timed in session 9
-# (seconds, one GPU and 16 cores each): 1 ~470, 2 ~290 (with the wide-block tests),
+# (seconds, one GPU and 16 cores each): 1 ~470, 2 ~290 (with 12 dynamic-ring tests),
 # 3 ~230 (session 8), 4 ~165, 5 ~205, 6 ~180:
 #   CHECK=1 bash experiments/gpu_pair.sh 1 "2 4"; bash experiments/gpu_pair.sh "5 6" 3
 set -uo pipefail

@@ -5,9 +5,10 @@
 # each selection and fails unless the six are disjoint and cover the suite.
 # `bash experiments/gpu_selections.sh N` prints selection N (1..6).
 set -uo pipefail
+DECODE="decode and not placement and not tensor_core_variants"   # selections 1 and 2 split these
 SEL=(
-  "decode and not placement and not tensor_core_variants and not wide and (dtypefloat16 or dtypebfloat16)"
-  "decode and not placement and not tensor_core_variants and (wide or not (dtypefloat16 or dtypebfloat16))"
+  "$DECODE and not dynamic_ring and (dtypefloat16 or dtypebfloat16)"
+  "$DECODE and (dynamic_ring or not (dtypefloat16 or dtypebfloat16))"
   "not decode and prefill"
   "not (decode and not placement) and not prefill and not tensor_core_variants"
   "tensor_core_variants and not pv_mma"

@@ -1,12 +1,13 @@
-"""Warps per block against split-K partitions for the decode kernel, on the
-shapes where one is traded for the other (few (sequence, KV head) pairs).
+"""Warps per block and copy-ring depth against split-K partitions for the
+decode kernel, on the shapes where one is traded for the other (few
+(sequence, KV head) pairs).
 
     python experiments/tune_warps.py [--reps 20]
 
 Times fp16, 32/8 heads, block size 16, random tables, each ``(num_warps,
-num_partitions)`` given explicitly (more than 4 warps at head size 128 put
-the copy ring in dynamic shared memory), the default choice
-(``attention.launch_shape``) and SDPA on the same shapes, all with
+num_partitions, stages)`` given explicitly (more than 4 warps or 2 stages at
+head size 128 put the copy ring in dynamic shared memory), the default
+choice (``attention.launch_shape``) and SDPA on the same shapes, all with
 ``bench_decode.bench_config``'s method; prints one line per timing.
 ``nocap`` compiles without the register cap that buys a second resident block.
 """
@@ -19,13 +20,14 @@ from bench_decode import bench_config, copy_gbps  # noqa: E402
 
 import paged_numba as pn  # noqa: E402
 
-# (batch, context, head size): [(num_warps, num_partitions), ...]
+# (batch, context, head size): [(num_warps, num_partitions, stages[, "nocap"]), ...]
 CASES = {
-    (16, 4096, 128): [(4, 1), (4, 2), (8, 2), (16, 1), (8, 1, "nocap")],
-    (8, 8192, 128): [(4, 4), (8, 2), (16, 1)],
-    (1, 32768, 128): [(8, 16), (16, 8)],
-    (16, 4096, 64): [(4, 2), (16, 1)],
-    (16, 4096, 256): [(2, 2), (4, 1)],
+    (16, 4096, 128): [(4, 2, 2), (4, 2, 3), (4, 2, 4), (4, 1, 4), (8, 1, 2), (8, 1, 2, "nocap")],
+    (8, 8192, 128): [(4, 4, 2), (4, 4, 4), (8, 2, 2)],
+    (1, 32768, 128): [(4, 32, 2), (4, 32, 4), (4, 16, 4), (8, 16, 2)],
+    (64, 4096, 128): [(4, 1, 2), (4, 1, 3)],
+    (16, 4096, 64): [(4, 2, 2), (4, 2, 4), (16, 1, 2)],
+    (16, 4096, 256): [(2, 2, 2), (2, 2, 4), (4, 1, 2)],
 }
 
 
@@ -42,17 +44,19 @@ def main():
         print(f"b={b:<3} ctx={c:<6} hs={hs:<4} SDPA {sdpa['us']:7.1f} us | default P="
               f"{auto['num_partitions']} {auto['us']:7.1f} us regs {auto['regs']}", flush=True)
         for combo in combos:
-            w, p = combo[:2]
+            w, p, stages = combo[:3]
             saved = pn._launch.register_cap
             if "nocap" in combo:
                 pn._launch.register_cap = lambda *a: None
             try:
                 r = bench_config(b, c, 32, 8, hs, 16, "float16", tables=("random",), sdpa=False,
-                                 partitions=(p,), reps=args.reps, tuning=dict(num_warps=w))[0]
+                                 partitions=(p,), reps=args.reps,
+                                 tuning=dict(num_warps=w, stages=stages))[0]
             finally:
                 pn._launch.register_cap = saved
-            print(f"    warps {w:<2} P={p:<3} {' '.join(combo[2:]):6} {r['us']:7.1f} us "
-                  f"(x{r['us'] / sdpa['us']:.3f} SDPA) merge {r['merge_us'] or '-'} "
+            merge = "-" if r["merge_us"] == "" else f"{r['merge_us']:.1f} us"
+            print(f"    warps {w:<2} P={p:<3} stages {stages} {' '.join(combo[3:]):6} "
+                  f"{r['us']:7.1f} us (x{r['us'] / sdpa['us']:.3f} SDPA) merge {merge} "
                   f"regs {r['regs']} err {r['max_err']:.1e}", flush=True)
 
 

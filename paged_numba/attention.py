@@ -392,7 +392,8 @@ class DecodePlan:
         ring in dynamic shared memory.
     unroll, stages : int
         Tuning knobs of the kernel: tokens per lane and step (CUDA-core
-        kernel), and steps in flight in the shared-memory copy ring.
+        kernel), and steps in flight in the shared-memory copy ring (2; in
+        dynamic shared memory where the static 48 KB hold fewer).
     tensor_cores : bool, optional
         Use the tensor-core kernel (``kernels.decode_tc``: q.k and, by default,
         P @ V on ``mma.sync``; ``decode_tc.PV_MMA`` and ``KEY_ROWS`` choose its

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import paged_numba as pn
+from paged_numba.kernels.decode_tc import SATURATING_WARP_DIMS
 from paged_numba.reference import attention
 from paged_numba.testing import (GQA_GROUPS, U32, DecodeProblem, check_attention, check_close,
                                  config_id, decode_problems, decode_reference, gamma, variants)
@@ -143,40 +144,51 @@ def test_decode_tensor_core_variants_match_reference(config, flags, data):
                      **extra)
 
 
-# Wide blocks: as many warps as saturate HBM from one block (a caller's choice), so
-# the copy ring is in dynamic shared memory (above 48 KB where the block has more than
-# 4 warps at head size 128). On a GPU: head size 128 in every layout and dtype, 64 and
-# 256 in two each; groups rotated.
-WIDE_CONFIGS = ([dict(head_sizes=(128,), block_sizes=(16,), layouts=("nhd",),
-                      dtypes=("float16",), groups=(4,), max_seqs=2, max_kv_heads=1,
-                      max_seq_len=40)] if SIM
-                else [dict(head_sizes=(hs,), block_sizes=(16,), layouts=(lay,), dtypes=(dt,),
-                           groups=(GQA_GROUPS[i % 4],))
-                      for i, (hs, lay, dt) in enumerate(
-                          [(128, lay, dt) for lay in LAYOUTS for dt in ("float16", "bfloat16")]
-                          + [(64, "nhd", "float16"), (64, "vllm", "bfloat16"),
-                             (256, "hnd", "float16"), (256, "interleaved", "bfloat16")])])
+# The copy ring in dynamic shared memory: wide blocks (as many warps as saturate HBM
+# from one block, ``decode_tc.SATURATING_WARP_DIMS`` over the head size; above 48 KB
+# where a block has more than 4 warps at head size 128) and deep rings (4 stages). On a
+# GPU: wide blocks at head size 128 in every layout and dtype, 64 and 256 in two each;
+# deep rings at head size 128 in every layout and at 256 once; groups rotated.
+def _ring_case(hs, lay, dt, group, warps, stages):
+    config = dict(head_sizes=(hs,), block_sizes=(16,), layouts=(lay,), dtypes=(dt,),
+                  groups=(group,))
+    return pytest.param(config, warps, stages,
+                        id=f"{config_id(config)}-warps{warps}-stages{stages}")
 
 
-@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=config_id)
+SIM_RING = dict(head_sizes=(128,), block_sizes=(16,), layouts=("nhd",), dtypes=("float16",),
+                groups=(4,), max_seqs=2, max_kv_heads=1, max_seq_len=200)   # the rings wrap
+RING_CASES = (
+    [pytest.param(SIM_RING, w, st, id=f"warps{w}-stages{st}") for w, st in ((8, 2), (4, 4))]
+    if SIM else
+    [_ring_case(hs, lay, dt, GQA_GROUPS[i % 4], SATURATING_WARP_DIMS // hs, 2)
+     for i, (hs, lay, dt) in enumerate(
+         [(128, lay, dt) for lay in LAYOUTS for dt in ("float16", "bfloat16")]
+         + [(64, "nhd", "float16"), (64, "vllm", "bfloat16"), (256, "hnd", "float16"),
+            (256, "interleaved", "bfloat16")])]
+    + [_ring_case(hs, lay, dt, GQA_GROUPS[(i + 1) % 4], w, 4) for i, (hs, lay, dt, w) in enumerate(
+        [(128, "nhd", "float16", 4), (128, "vllm", "bfloat16", 4), (128, "hnd", "float16", 4),
+         (128, "interleaved", "bfloat16", 4), (256, "nhd", "bfloat16", 2)])])
+
+
+@pytest.mark.parametrize("config, warps, stages", RING_CASES)
 @settings(max_examples=2 if SIM else settings().max_examples)
 @given(data=st.data())
-def test_decode_wide_blocks_match_reference(config, data):
-    """``DecodePlan`` with wide blocks (``decode_tc.SATURATING_WARP_DIMS`` over the
-    head size warps), unsplit and split, against the reference."""
+def test_decode_dynamic_ring_matches_reference(config, warps, stages, data):
+    """``DecodePlan`` with its copy ring in dynamic shared memory (``num_warps``,
+    ``stages``), unsplit and split, against the reference."""
     from paged_numba import _arrays
     from paged_numba.kernels import decode_tc
     p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
     extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
     parts = data.draw(st.integers(1, 2), label="num_partitions")
-    warps = decode_tc.SATURATING_WARP_DIMS // p.head_size
     q, k, v = p.arrays()
     cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
     plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks, num_partitions=parts,
-                         num_warps=warps, **extra)
+                         num_warps=warps, stages=stages, **extra)
     assert plan._threads == 32 * warps
     assert plan._kernel.dynamic_shared_bytes == decode_tc.dynamic_ring_bytes(
-        p.head_size, warps, 2, p.layout, decode_tc.PV_MMA) > 0
+        p.head_size, warps, stages, p.layout, decode_tc.PV_MMA) > 0
     dev = [_arrays.as_device(a, name)[0] for a, name in
            ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
     out = _arrays.to_host(plan.run(*dev), cache.dtype)

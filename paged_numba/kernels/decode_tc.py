@@ -113,16 +113,19 @@ def ring_stages(head_size, num_warps, stages, layout, pv_mma=False, dynamic=Fals
 
 
 def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
-    """Bytes of the copy ring where it must live in dynamic shared memory
-    (two stages do not fit the static 48 KB: more warps than 4 at head size
-    128), else 0.
+    """Bytes of the copy ring where it lives in dynamic shared memory, else 0:
+    where the static 48 KB hold fewer of the ``stages`` asked for than the
+    most a block may have (more warps than 4 at head size 128, or a deeper
+    ring than 2 stages there).
 
     >>> dynamic_ring_bytes(128, 4, 2, "nhd", True), dynamic_ring_bytes(128, 8, 2, "nhd", True)
     (0, 65536)
+    >>> dynamic_ring_bytes(128, 4, 4, "nhd", True)      # 4 stages of 4 warps
+    65536
     """
-    if ring_stages(head_size, num_warps, stages, layout, pv_mma):
-        return 0
     depth = ring_stages(head_size, num_warps, stages, layout, pv_mma, dynamic=True)
+    if depth <= ring_stages(head_size, num_warps, stages, layout, pv_mma):
+        return 0
     return depth * _chunks_per_lane(head_size, layout, pv_mma) * 32 * num_warps * 16
 
 
@@ -166,10 +169,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NT = 32 * NW
     PV = pv_mma
     KR = key_rows
-    STAGES = ring_stages(D, NW, stages, layout, PV)
-    DYNAMIC = STAGES == 0                 # the ring in dynamic shared memory (more warps)
-    if DYNAMIC:
-        STAGES = ring_stages(D, NW, stages, layout, PV, dynamic=True)
+    # the ring in dynamic shared memory where that holds more of the stages asked for
+    # (more warps, or a deeper ring) than the static 48 KB
+    DYNAMIC = dynamic_ring_bytes(D, NW, stages, layout, PV) > 0
+    STAGES = ring_stages(D, NW, stages, layout, PV, dynamic=DYNAMIC)
     STAGE_V = layout != "vllm"            # "vllm" value rows are strided: not cp.async
     NMMA = D // 16                        # P @ V on tensor cores: 16-dim output tiles
     NLDM = NVEC // 4                      # ... and ldmatrix.x4 loads a step
@@ -591,6 +594,5 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
 
     # what a launch must ask for (``_launch.PackedLaunch`` reads it)
-    paged_decode_tc_kernel.dynamic_shared_bytes = (
-        dynamic_ring_bytes(D, NW, stages, layout, PV) if DYNAMIC else 0)
+    paged_decode_tc_kernel.dynamic_shared_bytes = dynamic_ring_bytes(D, NW, stages, layout, PV)
     return paged_decode_tc_kernel
