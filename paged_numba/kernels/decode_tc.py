@@ -13,7 +13,8 @@ reads or its P @ V):
   ...`` of its partition (steps start at multiples of 8) and keeps its own
   online softmax;
 * copies: each lane ``cp.async``-copies into its own slots of a shared-memory
-  ring, ``STAGES - 1`` steps ahead, the 16-byte key vectors ``c, c + 4, ...``
+  ring (static; dynamic where more warps or stages are asked for than 48 KB
+  hold), ``STAGES - 1`` steps ahead, the 16-byte key vectors ``c, c + 4, ...``
   of token ``r`` of the step (``r = lane // 4``, ``c = lane % 4``) and the
   value vector ``lane % LPR`` of its tokens ``lane // LPR + k * TG`` (the
   "vllm" layout's value rows are strided: it reads them directly when it
