@@ -10,7 +10,10 @@ at ``--batches`` x ``--contexts`` with each of ``--partitions`` forced, and
 SDPA on the same shapes (``bench_decode.bench_config``, so the same method:
 rotated inputs, CUDA graphs, medians); then fits ``c`` and ``BW`` per
 (implementation, batch, partitions) by least squares and prints them with
-the floor of a graph replay (one tiny kernel per call, timed the same way).
+the time of replaying graphs of 1 and 4 tiny kernels, timed the same way.
+That is not a floor of a long kernel's replay: with the idle-start timing
+of session 9's run it was 19.6 us for one kernel and 4.7 us a kernel for
+four, the host's submission of the replay (``experiments/NOTES.md``).
 One CSV row per timing, plus the fits (``context`` empty).
 
     python experiments/fixed_cost.py --kernels       # print only
@@ -43,7 +46,7 @@ def fit(rows):
 
 
 def floor_us(reps):
-    """A graph of one tiny kernel per call: what a replay costs with nothing in it."""
+    """Microseconds per call of graphs of 1 and 4 tiny kernels (one per call)."""
     x = torch.zeros(1, device="cuda")
     return {n: graph_time([lambda: x.add_(1)] * n, reps)
             for n in (1, 4)}
