@@ -131,9 +131,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     if usable and tensor_cores is not False:
         # the warps split the tokens, so they decide the rounding: choose them as for
         # a layout that stages values too, so that every layout gives the same bits
-        while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd",
-                                                          dynamic=True):
-            num_warps //= 2
+        num_warps = fitting_warps(head_size, stages, num_warps, dynamic=True)
         kr = decode_tc.KEY_ROWS     # None: key_rows for the unsplit kernel only
         variant = dict(pv_mma=bool(decode_tc.PV_MMA),
                        key_rows=not split if kr is None else bool(kr))
@@ -173,11 +171,12 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
     return max(-(-max_context // partition_size), 1), partition_size
 
 
-def static_warps(head_size, stages=STAGES, num_warps=NUM_WARPS):
-    """The default warps per block: ``num_warps``, halved until the tensor-core
-    kernel's copy ring fits the static 48 KB of shared memory (2 at head size
-    256)."""
-    while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd"):
+def fitting_warps(head_size, stages=STAGES, num_warps=NUM_WARPS, dynamic=False):
+    """``num_warps``, halved until two stages of the tensor-core kernel's copy
+    ring fit the static 48 KB of shared memory (the default warps: 2 at head
+    size 256), or with ``dynamic`` the most a block may have."""
+    while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd",
+                                                      dynamic=dynamic):
         num_warps //= 2
     return num_warps
 
@@ -185,7 +184,7 @@ def static_warps(head_size, stages=STAGES, num_warps=NUM_WARPS):
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
                  unroll=UNROLL, stages=STAGES, tensor_cores=None):
     """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
-    picks: :func:`static_warps` warps for the tensor-core kernel
+    picks: :func:`fitting_warps` (static) for the tensor-core kernel
     (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
     More warps than fit the static shared memory are the caller's choice
     (the ring then lives in dynamic shared memory): on the H200 they did not
@@ -193,7 +192,7 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
     tc = tensor_cores is not False and decode_tc.supports(cache.head_size, hpb,
                                                           cache.dtype.name, cache.layout)
     if num_warps is None:
-        num_warps = static_warps(cache.head_size, stages) if tc else NUM_WARPS
+        num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (int(num_warps), int(unroll), int(stages))
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
                               tuning, tensor_cores)
