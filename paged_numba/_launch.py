@@ -114,13 +114,12 @@ def register_cap(dispatcher, argtypes, threads):
 def allow_dynamic_shared(drv, cufunc, nbytes):
     """Let ``cufunc`` (numba's loaded kernel) use ``nbytes`` of dynamic shared
     memory on its device; above 48 KB a launch fails without this. numba-cuda
-    loads kernels through the library API, so the handle is a ``CUkernel``
-    and the attribute is set per device (``cuKernelSetAttribute``)."""
+    0.30 loads kernels through the library API, so the handle is a ``CUkernel``
+    and the attribute is set per device (``cuKernelSetAttribute``;
+    ``cuFuncSetAttribute`` on it is an invalid handle)."""
     attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    handle = int(cufunc.handle)
-    err, = drv.cuKernelSetAttribute(attr, nbytes, drv.CUkernel(handle), int(cufunc.device.id))
-    if err != drv.CUresult.CUDA_SUCCESS:    # a module-loaded function: set it on the function
-        err, = drv.cuFuncSetAttribute(drv.CUfunction(handle), attr, nbytes)
+    err, = drv.cuKernelSetAttribute(attr, nbytes, drv.CUkernel(int(cufunc.handle)),
+                                    int(cufunc.device.id))
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"setting {nbytes} bytes of dynamic shared memory failed: {err!r}")
 
