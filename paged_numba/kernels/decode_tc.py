@@ -172,7 +172,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     KR = key_rows
     # the ring in dynamic shared memory where that holds more of the stages asked for
     # (more warps, or a deeper ring) than the static 48 KB
-    DYNAMIC = dynamic_ring_bytes(D, NW, stages, layout, PV) > 0
+    DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV)
+    DYNAMIC = DYNAMIC_BYTES > 0
     STAGES = ring_stages(D, NW, stages, layout, PV, dynamic=DYNAMIC)
     STAGE_V = layout != "vllm"            # "vllm" value rows are strided: not cp.async
     NMMA = D // 16                        # P @ V on tensor cores: 16-dim output tiles
@@ -595,5 +596,5 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
 
     # what a launch must ask for (``_launch.PackedLaunch`` reads it)
-    paged_decode_tc_kernel.dynamic_shared_bytes = dynamic_ring_bytes(D, NW, stages, layout, PV)
+    paged_decode_tc_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
     return paged_decode_tc_kernel
