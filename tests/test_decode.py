@@ -198,7 +198,7 @@ def test_decode_dynamic_ring_matches_reference(config, warps, stages, data):
 
 def test_default_warps_fit_static_shared_memory_and_more_are_kept():
     """``launch_shape``: 4 warps by default (2 at head size 256, where 4 do not fit
-    the static 48 KB), the same in paged_decode and DecodePlan; a caller's 8 at
+    the static 48 KB), which paged_decode and DecodePlan both take; a caller's 8 at
     head size 128 are kept, with the ring in 64 KB of dynamic shared memory."""
     from paged_numba.attention import launch_shape
     for hs, warps in ((64, 4), (128, 4), (256, 2)):
