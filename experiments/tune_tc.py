@@ -29,6 +29,7 @@ VARIANTS = {
     "key-rows": dict(key_rows=True, pv_mma=False),   # keys copied in rows, read by ldmatrix
     "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
     "key-rows-regs128": dict(key_rows=True, pv_mma=False, max_registers=128),
+    "offsets32": dict(offsets32=True),               # 32-bit byte offsets for the copies
 }
 # variants whose rounding differs from the default's: compared, not required equal
 OTHER_ROUNDING = {"v7.1", "v5", "pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}
@@ -78,16 +79,19 @@ def check(head_size, num_kv_heads, group, block_size, lens, parts=(None, 3), see
     return ok
 
 
-def time_variants(reps, shapes):
+def time_variants(reps, shapes, rounds=1):
+    """Each shape, then each variant on it (``rounds`` times), so that drifts of
+    the machine fall on every variant alike."""
     import torch
     sys.path.insert(0, "experiments")
     from bench_decode import HEADLINE, bench_config, copy_gbps
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbps():.0f} GB/s", flush=True)
-    for name, extra in VARIANTS.items():
-        with patched(extra):
-            for b, c in shapes or HEADLINE:
-                r = bench_config(b, c, 32, 8, 128, 16, "float16", extra.get("layout", "nhd"),
-                                 tables=("random",), sdpa=False, reps=reps)[0]
+    for b, c in shapes or HEADLINE:
+        for _ in range(rounds):
+            for name, extra in VARIANTS.items():
+                with patched(extra):
+                    r = bench_config(b, c, 32, 8, 128, 16, "float16", extra.get("layout", "nhd"),
+                                     tables=("random",), sdpa=False, reps=reps)[0]
                 print(f"{name:28} b={b:<4} ctx={c:<6} P={r['num_partitions']:<3} "
                       f"{r['us']:8.1f} us {r['gbps']:6.0f} GB/s regs={r['regs']} "
                       f"err={r['max_err']:.1e}", flush=True)
@@ -99,6 +103,7 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="default: all")
     ap.add_argument("--shapes", nargs="+", help="BATCHxCONTEXT, default: the headline shapes")
+    ap.add_argument("--rounds", type=int, default=1, help="timings of each variant per shape")
     a = ap.parse_args()
     for name in list(VARIANTS):
         if a.variants and name not in a.variants and name != "default":
@@ -109,7 +114,8 @@ def main():
     if not ok:
         sys.exit("a variant's outputs differ from the default's")
     if not a.check:
-        time_variants(a.reps, [tuple(map(int, x.split("x"))) for x in a.shapes or []])
+        time_variants(a.reps, [tuple(map(int, x.split("x"))) for x in a.shapes or []],
+                      a.rounds)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ num_partitions, stages)`` given explicitly (more than 4 warps or 2 stages at
 head size 128 put the copy ring in dynamic shared memory), the default
 choice (``attention.launch_shape``) and SDPA on the same shapes, all with
 ``bench_decode.bench_config``'s method; prints one line per timing.
-``nocap`` compiles without the register cap that buys a second resident block.
+``nocap`` compiles without the register cap that buys a second resident block,
+``cap128`` with a cap of 128 registers whatever it buys.
 """
 import argparse
 import sys
@@ -22,12 +23,13 @@ import paged_numba as pn  # noqa: E402
 
 # (batch, context, head size): [(num_warps, num_partitions, stages[, "nocap"]), ...]
 CASES = {
-    (16, 4096, 128): [(4, 2, 2), (4, 2, 3), (4, 2, 4), (4, 1, 4), (8, 1, 2), (8, 1, 2, "nocap")],
-    (8, 8192, 128): [(4, 4, 2), (4, 4, 4), (8, 2, 2)],
-    (1, 32768, 128): [(4, 32, 2), (4, 32, 4), (4, 16, 4), (8, 16, 2)],
-    (64, 4096, 128): [(4, 1, 2), (4, 1, 3)],
-    (16, 4096, 64): [(4, 2, 2), (4, 2, 4), (16, 1, 2)],
-    (16, 4096, 256): [(2, 2, 2), (2, 2, 4), (4, 1, 2)],
+    (16, 4096, 128): [(4, 2, 2), (4, 2, 3), (4, 2, 4), (4, 1, 4)],
+    (8, 8192, 128): [(4, 4, 2), (4, 4, 4)],
+    (1, 32768, 128): [(4, 32, 2), (4, 32, 4), (4, 16, 4)],
+    (64, 4096, 128): [(4, 1, 2), (4, 1, 3), (4, 1, 3, "cap128")],
+    (256, 2048, 128): [(4, 1, 2), (4, 1, 3, "cap128")],
+    (16, 4096, 64): [(4, 2, 2), (4, 2, 4)],
+    (16, 4096, 256): [(2, 2, 2), (2, 2, 4)],
 }
 
 
@@ -48,6 +50,8 @@ def main():
             saved = pn._launch.register_cap
             if "nocap" in combo:
                 pn._launch.register_cap = lambda *a: None
+            if "cap128" in combo:
+                pn._launch.register_cap = lambda *a: 128
             try:
                 r = bench_config(b, c, 32, 8, hs, 16, "float16", tables=("random",), sdpa=False,
                                  partitions=(p,), reps=args.reps,
