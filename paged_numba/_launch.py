@@ -127,7 +127,8 @@ def allow_dynamic_shared(drv, cufunc, nbytes):
 class PackedLaunch:
     """``dispatcher[grid, block, stream, shared](*args)`` with ``args`` frozen at
     construction, and ``shared`` the dispatcher's :func:`dynamic_shared` bytes
-    (allowed on the compiled function where they exceed the default 48 KB).
+    (allowed on the compiled function: past 48 KB of static plus dynamic
+    shared memory a launch fails without it).
 
     Call it with a stream (anything :func:`stream_handle` accepts)."""
 
@@ -154,7 +155,7 @@ class PackedLaunch:
         self._dims = (*grid3, block, 1, 1)
         cufunc = kernel._codelibrary.get_cufunc()
         self._function = drv.CUfunction(int(cufunc.handle))
-        if self.shared > 48 * 1024:
+        if self.shared:     # static + dynamic over 48 KB needs it, however few are dynamic
             allow_dynamic_shared(drv, cufunc, self.shared)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
