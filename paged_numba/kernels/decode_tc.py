@@ -134,7 +134,7 @@ def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, offsets32=False):
+                     key_rows=False, offsets32=False, early_table=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -171,6 +171,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     PV = pv_mma
     KR = key_rows
     OFF32 = offsets32
+    EARLY = early_table
     # the ring in dynamic shared memory where that holds more of the stages asked for
     # (more warps, or a deeper ring) than the static 48 KB
     DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV)
@@ -460,7 +461,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if astart + warp * STEP < end:
             nsteps = int32((end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP))
         tab_win = int32(0)
-        if PREFETCH:
+        if PREFETCH and EARLY and window <= 0:
+            # no window: the partition's start does not depend on seq_lens, so the
+            # first block numbers load alongside it (bounded by the table's width;
+            # entries past the sequence are loaded but never used)
+            pstart = int32(part * partition_size)
+            tab_win = step_blocks(block_tables, seq, int32(pstart - pstart % STEP), warp, 0,
+                                  int32(block_tables.shape[1] * BLOCK_SIZE), lane)
+        elif PREFETCH:
             tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
         for j in range(STAGES - 1):                 # fill the ring
             blk = int32(0)
