@@ -29,8 +29,6 @@ VARIANTS = {
     "key-rows": dict(key_rows=True, pv_mma=False),   # keys copied in rows, read by ldmatrix
     "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
     "key-rows-regs128": dict(key_rows=True, pv_mma=False, max_registers=128),
-    "offsets32": dict(offsets32=True),               # 32-bit byte offsets for the copies
-    "early-table": dict(early_table=True),           # first block numbers beside seq_lens
 }
 # variants whose rounding differs from the default's: compared, not required equal
 OTHER_ROUNDING = {"v7.1", "v5", "pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}

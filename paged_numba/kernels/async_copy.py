@@ -2,11 +2,7 @@
 
 ``copy16_async(dst, dst_flat, src, src_flat)`` starts copying the 16 bytes
 of ``src`` at flat element index ``src_flat`` to ``dst`` (a shared array) at
-``dst_flat``; both must be 16-byte aligned. ``copy16_async_at(dst, dst_flat,
-src, src_flat, extra)`` copies from ``src_flat + extra`` where ``extra`` is
-a non-negative int32 element offset: it is added to the 64-bit address as a
-zero-extended 32-bit byte offset, so a kernel can hold loop-invariant
-offsets in one register each. ``commit_group()`` closes the
+``dst_flat``; both must be 16-byte aligned. ``commit_group()`` closes the
 group of copies this thread started since the last commit, and
 ``wait_group(n)`` (a factory: ``n`` is a compile-time constant) returns a
 device function that waits until at most ``n`` of this thread's committed
@@ -31,9 +27,6 @@ if config.ENABLE_CUDASIM:
         d, s = _host_flat(dst), _host_flat(src)
         n = 16 // s.itemsize
         d[dst_flat:dst_flat + n] = s[src_flat:src_flat + n]
-
-    def copy16_async_at(dst, dst_flat, src, src_flat, extra):
-        copy16_async(dst, dst_flat, src, src_flat + extra)
 
     def commit_group():
         pass
@@ -88,33 +81,6 @@ else:
             data = context.make_array(src_ty)(context, builder, src_val).data
             j = context.cast(builder, src_idx, src_idx_ty, types.intp)
             src_addr = builder.ptrtoint(builder.gep(data, [j]), _I64)
-            _asm(builder, _COPY, (dst_addr, src_addr), "r,l")
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def copy16_async_at(typingctx, dst, dst_flat, src, src_flat, extra):
-        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
-                and dst.dtype == src.dtype and isinstance(extra, types.Integer)):
-            return None
-        sig = types.void(dst, dst_flat, src, src_flat, extra)
-
-        def codegen(context, builder, sig, args):
-            (dst_ty, dst_idx_ty, src_ty, src_idx_ty, extra_ty) = sig.args
-            dst_val, dst_idx, src_val, src_idx, extra_val = args
-            base = _shared_address(builder, context.make_array(dst_ty)(context, builder,
-                                                                       dst_val).data)
-            i = builder.trunc(context.cast(builder, dst_idx, dst_idx_ty, types.intp), _I32)
-            size = context.get_abi_sizeof(context.get_data_type(dst_ty.dtype))
-            dst_addr = builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
-            data = context.make_array(src_ty)(context, builder, src_val).data
-            j = context.cast(builder, src_idx, src_idx_ty, types.intp)
-            src_addr = builder.ptrtoint(builder.gep(data, [j]), _I64)
-            # the caller's promise: 0 <= extra and extra * size < 2**31
-            e = builder.trunc(context.cast(builder, extra_val, extra_ty, types.intp), _I32)
-            e = builder.mul(e, ir.Constant(_I32, size), flags=["nuw", "nsw"])
-            src_addr = builder.add(src_addr, builder.zext(e, _I64))
             _asm(builder, _COPY, (dst_addr, src_addr), "r,l")
             return context.get_dummy_value()
 

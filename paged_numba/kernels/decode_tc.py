@@ -52,7 +52,7 @@ import math
 from numba import config, cuda, float32, int32, int64, uint32
 
 from .access import device_function, vector_accessors, vector_offsets
-from .async_copy import commit_group, copy16_async, copy16_async_at, wait_group
+from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
@@ -134,7 +134,7 @@ def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, offsets32=False, early_table=False):
+                     key_rows=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -170,8 +170,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NT = 32 * NW
     PV = pv_mma
     KR = key_rows
-    OFF32 = offsets32
-    EARLY = early_table
     # the ring in dynamic shared memory where that holds more of the stages asked for
     # (more warps, or a deeper ring) than the static 48 KB
     DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV)
@@ -300,22 +298,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 blk = block_tables[seq, b]
             off = int32(s0 - b * BLOCK_SIZE)
             vt = wide(blk, v_blk) + int32(vb0 + (off + g) * v_tok)
-            if OFF32:   # the copies' offsets from kt / vt as 32-bit byte offsets
-                if KR:
-                    kt = wide(blk, k_blk) + int32(kb0 + (off + g) * k_tok)
-                    for k in range(TPL):
-                        copy16_async_at(ring, swizzled(stage, k, k, tid, vsw), key_cache, kt,
-                                        int32((k * TG) * k_tok))
-                else:
-                    kt = wide(blk, k_blk) + int32(kb0 + (off + r) * k_tok)
-                    for i in range(KV4):
-                        copy16_async_at(ring, chunk(stage, i, tid), key_cache, kt,
-                                        int32(i * k_v4))
-                if STAGE_V:
-                    for k in range(TPL):
-                        copy16_async_at(ring, vdst(stage, k, tid, vsw), value_cache, vt,
-                                        int32((k * TG) * v_tok))
-            elif KR:
+            if KR:
                 kt = wide(blk, k_blk) + int32(kb0 + (off + g) * k_tok)
                 for k in range(TPL):
                     copy16_async(ring, swizzled(stage, k, k, tid, vsw), key_cache,
@@ -324,7 +307,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 kt = wide(blk, k_blk) + int32(kb0 + (off + r) * k_tok)
                 for i in range(KV4):
                     copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
-            if STAGE_V and not OFF32:
+            if STAGE_V:
                 for k in range(TPL):
                     copy16_async(ring, vdst(stage, k, tid, vsw), value_cache,
                                  vt + int32((k * TG) * v_tok))
@@ -461,14 +444,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if astart + warp * STEP < end:
             nsteps = int32((end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP))
         tab_win = int32(0)
-        if PREFETCH and EARLY and window <= 0:
-            # no window: the partition's start does not depend on seq_lens, so the
-            # first block numbers load alongside it (bounded by the table's width;
-            # entries past the sequence are loaded but never used)
-            pstart = int32(part * partition_size)
-            tab_win = step_blocks(block_tables, seq, int32(pstart - pstart % STEP), warp, 0,
-                                  int32(block_tables.shape[1] * BLOCK_SIZE), lane)
-        elif PREFETCH:
+        if PREFETCH:
             tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
         for j in range(STAGES - 1):                 # fill the ring
             blk = int32(0)
