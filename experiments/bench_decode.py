@@ -234,7 +234,8 @@ def full_grid(args):
               f"x{heur['us'] / sdpa['us']:.2f} SDPA, {heur['us'] / best['us']:.3f} of best, "
               f"err {heur['max_err']:.1e}", flush=True)
         out += picked
-    write_rows(args.out, GRID_FIELDS, out, 4)
+        write_rows(args.out, GRID_FIELDS, out, 4)   # after each configuration: a run cut
+                                                    # short keeps what it measured
 
 
 def main():
