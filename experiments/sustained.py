@@ -14,15 +14,12 @@ fp16, 32/8 heads, head size 128, block size 16, random tables, as
 import argparse
 import datetime
 import statistics
-import sys
 
 import numpy as np
 import torch
 from numba import cuda
 
 import paged_numba as pn
-
-sys.path.insert(0, "experiments")
 
 
 def stamp():

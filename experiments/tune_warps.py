@@ -21,7 +21,7 @@ from bench_decode import bench_config, copy_gbps  # noqa: E402
 
 import paged_numba as pn  # noqa: E402
 
-# (batch, context, head size): [(num_warps, num_partitions, stages[, "nocap"]), ...]
+# (batch, context, head size): [(num_warps, num_partitions, stages[, "nocap" | "cap128"]), ...]
 CASES = {
     (64, 4096, 128): [(4, 1, 2), (2, 1, 2, "cap128"), (2, 1, 3, "cap128"), (2, 1, 4, "cap128")],
     (256, 2048, 128): [(4, 1, 2), (2, 1, 2, "cap128"), (2, 1, 3, "cap128"), (2, 1, 4, "cap128")],

@@ -15,6 +15,8 @@ UNROLL = 4            # tokens per lane and warp step
 STAGES = 2            # warp steps whose K/V copies are in flight (the copy ring's depth)
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
 PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
+MERGE_COST = 128      # fixed cost of the split's merge launch in that model, in tokens
+SM_RATE_EXPONENT = 0.36   # k blocks on one SM stream k ** 0.36 times as fast as one
 SPLIT_MARGIN = 0.05   # split only for a modelled gain above this
 
 
@@ -85,26 +87,39 @@ def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
 
 def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, resident=3):
     """Split-K heuristic: the fewest partitions ``P`` whose modelled time is
-    within ``SPLIT_MARGIN`` of the best. The model is
-    ``waves(P) * (max_context / P + PARTITION_COST)``: the ``num_seqs *
-    num_head_blocks * P`` thread blocks run in ``ceil`` waves of
-    ``sm_count * resident`` (blocks resident per multiprocessor), each wave
-    as long as one partition plus a fixed cost per block (``PARTITION_COST``
-    tokens: the epilogue, and the merge). Partitions are at least
-    ``MIN_PARTITION`` tokens. Fitted to the H200 grid in
-    ``results/decode_grid_h200.csv``.
+    within ``SPLIT_MARGIN`` of the best. The ``num_seqs * num_head_blocks * P``
+    thread blocks run in ``ceil`` waves of ``sm_count * resident`` (blocks
+    resident per multiprocessor); a wave with ``k`` blocks on the busiest
+    multiprocessor lasts ``(max_context / P) * k ** (1 - SM_RATE_EXPONENT)
+    + PARTITION_COST`` (a partition's tokens, at the rate ``k`` blocks share,
+    plus a fixed cost per block in tokens: its start and its epilogue); a split
+    adds ``MERGE_COST`` for the merge launch. Partitions are at least
+    ``MIN_PARTITION`` tokens. Fitted to the H200: one block per SM streams at
+    78% of two blocks' rate (``results/fixed_cost_h200.csv``: 3.43 against
+    4.41 TB/s at batch 16), and on the grid of ``results/decode_grid_h200.csv``
+    every ``MERGE_COST`` from 100 to 150 reproduces the recorded choices and
+    keeps batch 16 x 512 unsplit, where two partitions were 4.5% slower.
 
-    >>> num_partitions_for(1, 8, 32768, 132)      # one long sequence: split it
-    46
+    >>> num_partitions_for(1, 8, 32768, 132, resident=2)    # one long sequence: split it
+    32
+    >>> num_partitions_for(16, 8, 512, 132, resident=2)     # one wave either way: the merge loses
+    1
     >>> num_partitions_for(256, 8, 2048, 132)     # a large batch fills the GPU alone
     1
     """
     blocks = max(num_seqs * num_head_blocks, 1)
     slots = max(sm_count * resident, 1)
     options = range(1, max(1, -(-max_context // MIN_PARTITION)) + 1)
-    cost = {p: -(-blocks * p // slots) * (max_context / p + PARTITION_COST) for p in options}
-    best = min(cost.values())
-    return min(p for p in options if cost[p] <= best * (1 + SPLIT_MARGIN))
+
+    def cost(p):
+        n = blocks * p
+        busiest = min(resident, -(-min(n, slots) // max(sm_count, 1)))
+        wave = max_context / p * busiest ** (1 - SM_RATE_EXPONENT) + PARTITION_COST
+        return -(-n // slots) * wave + (MERGE_COST if p > 1 else 0)
+
+    costs = {p: cost(p) for p in options}
+    best = min(costs.values())
+    return min(p for p in options if costs[p] <= best * (1 + SPLIT_MARGIN))
 
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,

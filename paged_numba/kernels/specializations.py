@@ -3,7 +3,6 @@ argument types they launch it with, for compiling ahead of time
 (``numba.cuda.compile_ptx``) without a GPU."""
 import itertools
 
-import numpy as np
 from numba.core import types
 from numba.np.numpy_support import from_dtype
 
