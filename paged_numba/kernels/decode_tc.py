@@ -52,7 +52,7 @@ import math
 from numba import config, cuda, float32, int32, int64, uint32
 
 from .access import device_function, vector_accessors, vector_offsets
-from .async_copy import commit_group, copy16_async, wait_group
+from .async_copy import async_copier, commit_group, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
@@ -134,7 +134,7 @@ def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False):
+                     key_rows=False, l2_prefetch=None):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -147,7 +147,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ``key_rows`` copies the keys as the values are copied (whole rows an
     instruction, the XOR-swizzled ring) and reads the mma's B fragments with
     ``ldmatrix``: the head dimension in its natural order, so other rounding
-    too. Both together were 2.6-3.8% faster than neither on the H200's large
+    too. ``l2_prefetch`` (64, 128 or 256) puts that L2 prefetch-size hint on
+    the ring's copies (``kernels.async_copy``; the arithmetic is unchanged). Both together were 2.6-3.8% faster than neither on the H200's large
     headline shapes (``experiments/NOTES.md``, session 8); ``PV_MMA`` and
     ``KEY_ROWS`` say which ones ``paged_decode`` uses."""
     if not supports(head_size, heads_per_block, dtype, layout):
@@ -189,6 +190,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
     _, v_vec = vector_accessors(layout, dtype)
     wait_stages = wait_group(STAGES - 1)
+    copy16_async = async_copier(l2_prefetch)
     mma = mma_m16n8k16(dtype)
     mma8 = mma_m16n8k8(dtype)
     split_p = split_pack(dtype)
