@@ -5,7 +5,8 @@ that each gives the default's outputs, then time them on the headline shapes.
     python experiments/tune_tc.py                    # GPU: check, then time (prints only)
 
 A variant is a set of extra keyword arguments of ``decode_tc_kernel`` (and
-optionally a cache layout), patched in for the plans it builds.
+optionally a cache layout, and ``DecodePlan`` arguments under ``PLAN_KEYS``),
+patched in for the plans it builds.
 """
 import argparse
 import contextlib
@@ -33,7 +34,9 @@ VARIANTS = {
     "l2-128": dict(l2_prefetch=128),
     "l2-256": dict(l2_prefetch=256),
     "hnd-l2-256": dict(layout="hnd", l2_prefetch=256),
+    "persistent": dict(persistent=True),             # DecodePlan(persistent=True)
 }
+PLAN_KEYS = ("layout", "persistent")     # not decode_tc_kernel arguments
 # variants whose rounding differs from the default's: compared, not required equal
 OTHER_ROUNDING = {"v7.1", "v5", "pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}
 
@@ -42,7 +45,7 @@ _factory = decode_tc.decode_tc_kernel
 
 @contextlib.contextmanager
 def patched(extra):
-    kw = {k: v for k, v in extra.items() if k != "layout"}
+    kw = {k: v for k, v in extra.items() if k not in PLAN_KEYS}
     decode_tc.decode_tc_kernel = lambda *a, **k: _factory(*a, **{**k, **kw})
     try:
         yield
@@ -67,7 +70,8 @@ def check(head_size, num_kv_heads, group, block_size, lens, parts=(None, 3), see
         slots = np.arange(num_blocks * block_size, dtype=np.int64)
         pn.write_kv(cache, k, v, slots)
         with patched(extra):
-            outs[name] = [np.asarray(pn.paged_decode(q, cache, table, lens, num_partitions=p))
+            outs[name] = [np.asarray(pn.paged_decode(q, cache, table, lens, num_partitions=p,
+                                                     persistent=extra.get("persistent")))
                           for p in parts]
     ok = True
     for name, extra in VARIANTS.items():
@@ -94,7 +98,9 @@ def time_variants(reps, shapes, rounds=1):
             for name, extra in VARIANTS.items():
                 with patched(extra):
                     r = bench_config(b, c, 32, 8, 128, 16, "float16", extra.get("layout", "nhd"),
-                                     tables=("random",), sdpa=False, reps=reps)[0]
+                                     tables=("random",), sdpa=False, reps=reps,
+                                     tuning={k: extra[k] for k in ("persistent",) if k in extra}
+                                     )[0]
                 print(f"{name:28} b={b:<4} ctx={c:<6} P={r['num_partitions']:<3} "
                       f"{r['us']:8.1f} us {r['gbps']:6.0f} GB/s regs={r['regs']} "
                       f"err={r['max_err']:.1e}", flush=True)
