@@ -30,10 +30,6 @@ VARIANTS = {
     "key-rows": dict(key_rows=True, pv_mma=False),   # keys copied in rows, read by ldmatrix
     "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
     "key-rows-regs128": dict(key_rows=True, pv_mma=False, max_registers=128),
-    "l2-64": dict(l2_prefetch=64),                   # L2 prefetch-size hint on the copies
-    "l2-128": dict(l2_prefetch=128),
-    "l2-256": dict(l2_prefetch=256),
-    "hnd-l2-256": dict(layout="hnd", l2_prefetch=256),
     "persistent": dict(persistent=True),             # DecodePlan(persistent=True)
 }
 PLAN_KEYS = ("layout", "persistent")     # not decode_tc_kernel arguments

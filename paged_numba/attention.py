@@ -135,7 +135,9 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     with a register limit where a few registers fewer buy one more resident
     thread block (``_launch.register_cap``); its variants are those that
     ``decode_tc.PV_MMA`` and ``decode_tc.KEY_ROWS`` choose. ``persistent``
-    asks for the tensor-core kernel's persistent form (see :func:`decode_grid`)."""
+    asks for the tensor-core kernel's persistent form (see :func:`decode_grid`),
+    capped to the registers of the one-item kernel (its outer loop would take
+    more, and fewer resident blocks cost more than the spills)."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     usable = decode_tc.supports(head_size, hpb, dtype, layout)
@@ -150,14 +152,18 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         num_warps = fitting_warps(head_size, stages, num_warps, dynamic=True)
         kr = decode_tc.KEY_ROWS     # None: key_rows for the unsplit kernel only
         variant = dict(pv_mma=bool(decode_tc.PV_MMA),
-                       key_rows=not split if kr is None else bool(kr), persistent=bool(persistent))
+                       key_rows=not split if kr is None else bool(kr))
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
-        cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
-                                   32 * num_warps)
+        sig = decode_signatures(dtype, layout)[int(split)]
+        cap = _launch.register_cap(kernel, sig, 32 * num_warps)
         if cap is not None:
             kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap,
                                                 **variant)
+        if persistent:   # held to the one-item kernel's registers: as many blocks resident
+            regs = _launch.registers(kernel, sig)
+            kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=regs,
+                                                persistent=True, **variant)
         return kernel, 32 * num_warps, True
     if persistent:
         raise ValueError("persistent decode needs the tensor-core kernel (a float16/bfloat16 "

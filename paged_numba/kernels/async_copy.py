@@ -13,10 +13,7 @@ The copies need no registers while in flight, which is how a kernel keeps
 many loads outstanding without lowering its occupancy. On the GPU these are
 inline PTX (``cp.async.cg.shared.global``, ``cp.async.commit_group``,
 ``cp.async.wait_group``); under the simulator the copy happens at once and
-commit/wait do nothing. ``async_copier(l2_prefetch)`` builds the copy with
-the ``.L2::64B``/``128B``/``256B`` hint, which lets the L2 fetch that many
-bytes around the 16 asked for from memory in one request
-(``copy16_async`` is ``async_copier(None)``: no hint).
+commit/wait do nothing.
 """
 import functools
 
@@ -24,19 +21,12 @@ from numba import config, types
 
 from .vector import _host_flat
 
-L2_PREFETCH = (None, 64, 128, 256)
-
 if config.ENABLE_CUDASIM:
 
-    def _copy16(dst, dst_flat, src, src_flat):
+    def copy16_async(dst, dst_flat, src, src_flat):
         d, s = _host_flat(dst), _host_flat(src)
         n = 16 // s.itemsize
         d[dst_flat:dst_flat + n] = s[src_flat:src_flat + n]
-
-    @functools.cache
-    def async_copier(l2_prefetch=None):
-        assert l2_prefetch in L2_PREFETCH, l2_prefetch
-        return _copy16
 
     def commit_group():
         pass
@@ -56,8 +46,8 @@ else:
     # the destination is a 32-bit shared-window address (an address-space cast of
     # the array's base, which NVVM folds), and the element offset stays 32-bit
     # arithmetic that ptxas folds into the copy's immediate offset
-    _COPY = ("{{\n\t.reg .u64 pn_g;\n\tcvta.to.global.u64 pn_g, $1;\n"
-             "\tcp.async.cg.shared.global{hint} [$0], [pn_g], 16;\n}}")
+    _COPY = ("{\n\t.reg .u64 pn_g;\n\tcvta.to.global.u64 pn_g, $1;\n"
+             "\tcp.async.cg.shared.global [$0], [pn_g], 16;\n}")
 
     def _asm(builder, text, operands=(), constraints=None):
         fnty = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
@@ -72,34 +62,29 @@ else:
         shared = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, 3))
         return builder.ptrtoint(shared, _I32)
 
-    @functools.cache
-    def async_copier(l2_prefetch=None):
-        assert l2_prefetch in L2_PREFETCH, l2_prefetch
-        text = _COPY.format(hint=f".L2::{l2_prefetch}B" if l2_prefetch else "")
+    @intrinsic
+    def copy16_async(typingctx, dst, dst_flat, src, src_flat):
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
+                and dst.dtype == src.dtype):
+            return None
+        sig = types.void(dst, dst_flat, src, src_flat)
 
-        @intrinsic
-        def copy16_async(typingctx, dst, dst_flat, src, src_flat):
-            if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
-                    and dst.dtype == src.dtype):
-                return None
-            return types.void(dst, dst_flat, src, src_flat), functools.partial(_copy_codegen,
-                                                                              text)
-        return copy16_async
+        def codegen(context, builder, sig, args):
+            dst_ty, dst_val, dst_idx_ty, dst_idx, src_ty, src_val, src_idx_ty, src_idx = (
+                sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2], sig.args[3],
+                args[3])
+            base = _shared_address(builder, context.make_array(dst_ty)(context, builder,
+                                                                       dst_val).data)
+            i = builder.trunc(context.cast(builder, dst_idx, dst_idx_ty, types.intp), _I32)
+            size = context.get_abi_sizeof(context.get_data_type(dst_ty.dtype))
+            dst_addr = builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
+            data = context.make_array(src_ty)(context, builder, src_val).data
+            j = context.cast(builder, src_idx, src_idx_ty, types.intp)
+            src_addr = builder.ptrtoint(builder.gep(data, [j]), _I64)
+            _asm(builder, _COPY, (dst_addr, src_addr), "r,l")
+            return context.get_dummy_value()
 
-    def _copy_codegen(text, context, builder, sig, args):
-        dst_ty, dst_val, dst_idx_ty, dst_idx, src_ty, src_val, src_idx_ty, src_idx = (
-            sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2], sig.args[3],
-            args[3])
-        base = _shared_address(builder, context.make_array(dst_ty)(context, builder,
-                                                                   dst_val).data)
-        i = builder.trunc(context.cast(builder, dst_idx, dst_idx_ty, types.intp), _I32)
-        size = context.get_abi_sizeof(context.get_data_type(dst_ty.dtype))
-        dst_addr = builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
-        data = context.make_array(src_ty)(context, builder, src_val).data
-        j = context.cast(builder, src_idx, src_idx_ty, types.intp)
-        src_addr = builder.ptrtoint(builder.gep(data, [j]), _I64)
-        _asm(builder, text, (dst_addr, src_addr), "r,l")
-        return context.get_dummy_value()
+        return sig, codegen
 
     @intrinsic
     def commit_group(typingctx):
@@ -122,6 +107,3 @@ else:
             return types.void(), codegen
 
         return wait
-
-
-copy16_async = async_copier(None)

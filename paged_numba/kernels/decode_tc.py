@@ -52,7 +52,7 @@ import math
 from numba import config, cuda, float32, int32, int64, uint32
 
 from .access import device_function, vector_accessors, vector_offsets
-from .async_copy import async_copier, commit_group, wait_group
+from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
@@ -135,7 +135,7 @@ def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, l2_prefetch=None, persistent=False):
+                     key_rows=False, persistent=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -148,8 +148,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ``key_rows`` copies the keys as the values are copied (whole rows an
     instruction, the XOR-swizzled ring) and reads the mma's B fragments with
     ``ldmatrix``: the head dimension in its natural order, so other rounding
-    too. ``l2_prefetch`` (64, 128 or 256) puts that L2 prefetch-size hint on
-    the ring's copies (``kernels.async_copy``; the arithmetic is unchanged).
+    too.
 
     ``persistent`` builds the kernel for a 1-D grid of any size: block ``b``
     takes the work items ``b, b + gridDim.x, ...`` in the order of the
@@ -199,7 +198,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
     _, v_vec = vector_accessors(layout, dtype)
     wait_stages = wait_group(STAGES - 1)
-    copy16_async = async_copier(l2_prefetch)
     mma = mma_m16n8k16(dtype)
     mma8 = mma_m16n8k8(dtype)
     split_p = split_pack(dtype)
@@ -396,8 +394,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         return int32(it - t * head_blocks), int32(t % num_seqs), int32(t // num_seqs)
 
     @device_function
-    def fill(ring, key_cache, value_cache, block_tables, seq, krows, vrows, start, end, astart,
-             nsteps, base, warp, lane, r, g, tid, vsw):
+    def fill(ring, key_cache, value_cache, block_tables, seq, krows, vrows, start, end, hi,
+             astart, nsteps, base, warp, lane, r, g, tid, vsw):
         """Issue the item's first ``STAGES - 1`` steps into the ring from stage
         ``base`` (a group each, empty past its steps); returns the warp's window
         of block numbers (``step_blocks`` from step 0)."""
@@ -410,18 +408,20 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
             if j < nsteps:
                 issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      int32(astart + (warp + j * NW) * STEP), start, int32(end - 1),
+                      int32(astart + (warp + j * NW) * STEP), start, hi,
                       int32((base + j) % STAGES), r, g, tid, blk, vsw)
             else:
                 commit_group()
         return tab_win
 
     @device_function
-    def attend(out, lse, query, key_cache, value_cache, block_tables, scale, partition_size,
-               alibi_slopes, soft_cap, window, hb, seq, part, seq_len, has_next, nx_seq, nx_hb,
-               nx_part, nx_len, crossed, base, tab_win, m_s, l_s, alpha_s, p_s, acc_s, ring):
+    def attend(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+               partition_size, alibi_slopes, soft_cap, window, hb, seq, part, seq_len, has_next,
+               nx_seq, nx_hb, nx_part, nx_len, crossed, base, tab_win, m_s, l_s, alpha_s, p_s,
+               acc_s, ring):
         """One work item: query heads ``hb * HPB ...`` of ``seq``, partition
-        ``part``. ``base`` is the ring stage of the item's first step; with
+        ``part`` (``seq_len`` its length, read from ``seq_lens`` here for the
+        one-item kernel). ``base`` is the ring stage of the item's first step; with
         ``crossed`` the previous item already issued its first ``STAGES - 1``
         steps, and ``tab_win`` holds its block-number window. Where ``has_next``
         (persistent kernel only), the next item's fill is issued before this
@@ -436,6 +436,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
+        if not PERSISTENT:
+            seq_len = int32(seq_lens[seq])
         qpos = int32(seq_len - 1)
         start, end = span(seq_len, part, partition_size, window)
         hi = int32(end - 1)
@@ -491,7 +493,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         astart, nsteps = warp_steps(start, end, warp)
         if not (PERSISTENT and crossed):
             tab_win = fill(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                           start, end, astart, nsteps, base, warp, lane, r, g, tid, vsw)
+                           start, end, hi, astart, nsteps, base, warp, lane, r, g, tid, vsw)
         stage = int32(base)
         nxt_stage = int32((base + STAGES - 1) % STAGES)
         for j in range(nsteps):
@@ -630,7 +632,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             n_kvh = nx_hb * HPB // group
             tab_win = fill(ring, key_cache, value_cache, block_tables, nx_seq,
                            k_rows(key_cache, n_kvh, lr if KR else c), v_rows(value_cache, n_kvh, lr),
-                           n_start, n_end, n_astart, n_steps, nbase, warp, lane, r, g, tid, vsw)
+                           n_start, n_end, int32(n_end - 1), n_astart, n_steps, nbase, warp, lane,
+                           r, g, tid, vsw)
         # -- epilogue: the warp's state, then the warps merged with the (m, l) rule
         l_run = quad_sum(l_run)
         if c == 0 and r < HPB:
@@ -653,11 +656,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         acc_s = cuda.shared.array((NW, D), float32)
         ring = cuda.shared.array(0 if DYNAMIC else RING, SMEM_T, alignment=16)
         if not PERSISTENT:      # one item per block: grid (head blocks, sequences, partitions)
-            seq = cuda.blockIdx.y
-            attend(out, lse, query, key_cache, value_cache, block_tables, scale,
-                   partition_size, alibi_slopes, soft_cap, window, cuda.blockIdx.x, seq,
-                   cuda.blockIdx.z, int32(seq_lens[seq]), False, 0, 0, 0, 0, False, int32(0),
-                   int32(0), m_s, l_s, alpha_s, p_s, acc_s, ring)
+            attend(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                   partition_size, alibi_slopes, soft_cap, window, cuda.blockIdx.x,
+                   cuda.blockIdx.y, cuda.blockIdx.z, int32(0), False, 0, 0, 0, 0, False,
+                   int32(0), int32(0), m_s, l_s, alpha_s, p_s, acc_s, ring)
             return
         # persistent: the blocks of a 1-D grid walk the items it, it + grid, ...
         head_blocks = int32(query.shape[1] // HPB)
@@ -677,10 +679,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             nx_hb, nx_seq, nx_part = item_of(min(nx, items - 1), head_blocks, num_seqs)
             nx_len = int32(seq_lens[nx_seq])          # loads while this item runs
             crossed, base, tab_win = attend(
-                out, lse, query, key_cache, value_cache, block_tables, scale, partition_size,
-                alibi_slopes, soft_cap, window, hb, seq, part, seq_len, has_next, nx_seq,
-                nx_hb, nx_part, nx_len, crossed, base, tab_win, m_s, l_s, alpha_s, p_s, acc_s,
-                ring)
+                out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                partition_size, alibi_slopes, soft_cap, window, hb, seq, part, seq_len,
+                has_next, nx_seq, nx_hb, nx_part, nx_len, crossed, base, tab_win, m_s, l_s,
+                alpha_s, p_s, acc_s, ring)
             if not has_next:
                 break
             it, hb, seq, part, seq_len = nx, nx_hb, nx_seq, nx_part, nx_len
