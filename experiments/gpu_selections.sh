@@ -7,8 +7,8 @@
 set -uo pipefail
 DECODE="decode and not placement and not tensor_core_variants"   # selections 1 and 2 split these
 SEL=(
-  "$DECODE and not dynamic_ring and not persistent and (dtypefloat16 or dtypebfloat16)"
-  "$DECODE and (dynamic_ring or persistent or not (dtypefloat16 or dtypebfloat16))"
+  "$DECODE and not dynamic_ring and (dtypefloat16 or dtypebfloat16)"
+  "$DECODE and (dynamic_ring or not (dtypefloat16 or dtypebfloat16))"
   "not decode and prefill"
   "not (decode and not placement) and not prefill and not tensor_core_variants"
   "tensor_core_variants and not pv_mma"

@@ -88,14 +88,13 @@ def main():
                     help="tensor-core kernel without its block-number prefetch")
     ap.add_argument("--pv-mma", action="store_true", help="tensor-core kernel's P @ V on mma")
     ap.add_argument("--key-rows", action="store_true", help="tensor-core kernel's key_rows")
-    ap.add_argument("--persistent", action="store_true", help="tensor-core kernel, persistent")
     ap.add_argument("--dump")
     a = ap.parse_args()
     if a.tensor_cores:
         k = decode_tc_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.stages, a.split,
                              unroll_pv=not a.rolled_pv, prefetch=not a.no_prefetch,
                              max_registers=a.max_registers, pv_mma=a.pv_mma,
-                             key_rows=a.key_rows, persistent=a.persistent)
+                             key_rows=a.key_rows)
     else:
         k = decode_kernel(a.hs, a.bs, a.hpb, a.dtype, a.layout, a.warps, a.unroll, a.stages,
                           a.split)

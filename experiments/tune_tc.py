@@ -5,8 +5,7 @@ that each gives the default's outputs, then time them on the headline shapes.
     python experiments/tune_tc.py                    # GPU: check, then time (prints only)
 
 A variant is a set of extra keyword arguments of ``decode_tc_kernel`` (and
-optionally a cache layout, and ``DecodePlan`` arguments under ``PLAN_KEYS``),
-patched in for the plans it builds.
+optionally a cache layout), patched in for the plans it builds.
 """
 import argparse
 import contextlib
@@ -30,9 +29,7 @@ VARIANTS = {
     "key-rows": dict(key_rows=True, pv_mma=False),   # keys copied in rows, read by ldmatrix
     "key-rows+pv-mma": dict(key_rows=True, pv_mma=True),
     "key-rows-regs128": dict(key_rows=True, pv_mma=False, max_registers=128),
-    "persistent": dict(persistent=True),             # DecodePlan(persistent=True)
 }
-PLAN_KEYS = ("layout", "persistent")     # not decode_tc_kernel arguments
 # variants whose rounding differs from the default's: compared, not required equal
 OTHER_ROUNDING = {"v7.1", "v5", "pv-mma", "key-rows", "key-rows+pv-mma", "key-rows-regs128"}
 
@@ -41,7 +38,7 @@ _factory = decode_tc.decode_tc_kernel
 
 @contextlib.contextmanager
 def patched(extra):
-    kw = {k: v for k, v in extra.items() if k not in PLAN_KEYS}
+    kw = {k: v for k, v in extra.items() if k != "layout"}
     decode_tc.decode_tc_kernel = lambda *a, **k: _factory(*a, **{**k, **kw})
     try:
         yield
@@ -66,8 +63,7 @@ def check(head_size, num_kv_heads, group, block_size, lens, parts=(None, 3), see
         slots = np.arange(num_blocks * block_size, dtype=np.int64)
         pn.write_kv(cache, k, v, slots)
         with patched(extra):
-            outs[name] = [np.asarray(pn.paged_decode(q, cache, table, lens, num_partitions=p,
-                                                     persistent=extra.get("persistent")))
+            outs[name] = [np.asarray(pn.paged_decode(q, cache, table, lens, num_partitions=p))
                           for p in parts]
     ok = True
     for name, extra in VARIANTS.items():
@@ -94,9 +90,7 @@ def time_variants(reps, shapes, rounds=1):
             for name, extra in VARIANTS.items():
                 with patched(extra):
                     r = bench_config(b, c, 32, 8, 128, 16, "float16", extra.get("layout", "nhd"),
-                                     tables=("random",), sdpa=False, reps=reps,
-                                     tuning={k: extra[k] for k in ("persistent",) if k in extra}
-                                     )[0]
+                                     tables=("random",), sdpa=False, reps=reps)[0]
                 print(f"{name:28} b={b:<4} ctx={c:<6} P={r['num_partitions']:<3} "
                       f"{r['us']:8.1f} us {r['gbps']:6.0f} GB/s regs={r['regs']} "
                       f"err={r['max_err']:.1e}", flush=True)

@@ -101,15 +101,6 @@ def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
 
 
 @functools.cache
-def registers(dispatcher, argtypes):
-    """Registers per thread of ``dispatcher`` compiled for ``argtypes`` (None
-    under the simulator and where no GPU is present)."""
-    if config.ENABLE_CUDASIM or not cuda.is_available():
-        return None
-    return dispatcher.compile(tuple(argtypes)).regs_per_thread
-
-
-@functools.cache
 def register_cap(dispatcher, argtypes, threads):
     """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes`` (a
     tuple; None under the simulator and where no GPU is present, e.g. when

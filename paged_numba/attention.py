@@ -123,7 +123,7 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
 
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
-                  tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None, persistent=False):
+                  tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
     """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
     ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
@@ -134,10 +134,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     memory where the static 48 KB do not hold them), and is compiled
     with a register limit where a few registers fewer buy one more resident
     thread block (``_launch.register_cap``); its variants are those that
-    ``decode_tc.PV_MMA`` and ``decode_tc.KEY_ROWS`` choose. ``persistent``
-    asks for the tensor-core kernel's persistent form (see :func:`decode_grid`),
-    capped to the registers of the one-item kernel (its outer loop would take
-    more, and fewer resident blocks cost more than the spills)."""
+    ``decode_tc.PV_MMA`` and ``decode_tc.KEY_ROWS`` choose."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     usable = decode_tc.supports(head_size, hpb, dtype, layout)
@@ -155,61 +152,18 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                        key_rows=not split if kr is None else bool(kr))
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
-        sig = decode_signatures(dtype, layout)[int(split)]
-        cap = _launch.register_cap(kernel, sig, 32 * num_warps)
+        cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
+                                   32 * num_warps)
         if cap is not None:
             kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap,
                                                 **variant)
-        if persistent:   # held to the one-item kernel's registers: as many blocks resident
-            regs = _launch.registers(kernel, sig)
-            kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=regs,
-                                                persistent=True, **variant)
         return kernel, 32 * num_warps, True
-    if persistent:
-        raise ValueError("persistent decode needs the tensor-core kernel (a float16/bfloat16 "
-                         f"cache), but got {dtype}, head_size={head_size}, "
-                         f"heads_per_block={hpb}, tensor_cores={tensor_cores}.")
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
 
 
-def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None,
-                  persistent=False):
+def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
     return decode_launch(cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout,
-                         split, tuning, tensor_cores, persistent)
-
-
-def check_persistent(persistent, cache, hpb, tensor_cores=None):
-    """``persistent`` validated: a bool or a positive int; None gives
-    ``decode_tc.PERSISTENT`` where the tensor-core kernel applies."""
-    if persistent is None:
-        return decode_tc.PERSISTENT and tensor_cores is not False and decode_tc.supports(
-            cache.head_size, hpb, cache.dtype.name, cache.layout)
-    if isinstance(persistent, (bool, np.bool_)):
-        return bool(persistent)
-    if not isinstance(persistent, (int, np.integer)) or persistent < 1:
-        raise ValueError(f"persistent must be None, a bool or a positive number of thread "
-                         f"blocks, but got {persistent!r}.")
-    return int(persistent)
-
-
-def decode_grid(kernel, threads, argtypes, num_head_blocks, num_seqs, num_partitions,
-                persistent=False):
-    """Launch grid of a decode kernel: ``(num_head_blocks, num_seqs,
-    num_partitions)``, one work item a thread block; for the persistent
-    kernel ``(blocks, 1, 1)``, ``blocks`` the given number or (True) as many
-    as are resident on the GPU at once, and at most the work items.
-
-    >>> decode_grid(None, 128, None, 8, 256, 1, persistent=528)
-    (528, 1, 1)
-    >>> decode_grid(None, 128, None, 8, 4, 2, persistent=528), decode_grid(None, 128, None, 8, 4, 2)
-    ((64, 1, 1), (8, 4, 2))
-    """
-    items = num_head_blocks * num_seqs * num_partitions
-    if persistent is False:
-        return (num_head_blocks, num_seqs, num_partitions)
-    if persistent is True:
-        persistent = _launch.resident_blocks(kernel, argtypes, threads) * _arrays.sm_count()
-    return (max(1, min(items, persistent)), 1, 1)
+                         split, tuning, tensor_cores)
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
@@ -262,7 +216,7 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
 
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 num_partitions=None, persistent=None, return_lse=False, validate=True):
+                 num_partitions=None, return_lse=False, validate=True):
     """Decode attention over a paged KV cache: one query token per sequence.
 
     Parameters
@@ -292,12 +246,6 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         Split-K: partitions per sequence, each handled by its own thread
         blocks and merged with :func:`merge_states`. Default: chosen from the
         batch, the table's capacity and the GPU's multiprocessor count.
-    persistent : bool or int, optional
-        Launch the tensor-core kernel's persistent form: as many thread
-        blocks as are resident at once (True) or the given number, each
-        walking several (head group, sequence, partition) items. Same
-        outputs. Default: ``kernels.decode_tc.PERSISTENT`` where that kernel
-        applies.
     return_lse : bool
         Also return the log-sum-exp of the logits, ``[num_seqs, num_heads]``
         float32 (``-inf`` for an empty sequence).
@@ -346,17 +294,13 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     max_context = tables.shape[1] * cache.block_size
     num_warps, num_partitions, partition_size = launch_shape(num_partitions, None, cache, hpb,
                                                              num_seqs, num_heads, max_context)
-    persistent = check_persistent(persistent, cache, hpb)
 
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
-        split = num_partitions > 1
-        kernel, threads, _ = _cache_launch(cache, hpb, split, (num_warps, UNROLL, STAGES),
-                                           persistent=persistent)
-        grid = decode_grid(kernel, threads,
-                           decode_signatures(cache.dtype.name, cache.layout)[int(split)],
-                           num_heads // hpb, num_seqs, num_partitions, persistent)
+        kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1,
+                                           (num_warps, UNROLL, STAGES))
+        grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants)
         if num_partitions == 1:
@@ -468,8 +412,6 @@ class DecodePlan:
         Use the tensor-core kernel (``kernels.decode_tc``: q.k and, by default,
         P @ V on ``mma.sync``; ``decode_tc.PV_MMA`` and ``KEY_ROWS`` choose its
         variants) or not; default: where it applies. True raises where it does not.
-    persistent : bool or int, optional
-        As in :func:`paged_decode`.
 
     Examples
     --------
@@ -489,7 +431,7 @@ class DecodePlan:
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
-                 tensor_cores=None, persistent=None):
+                 tensor_cores=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         V.check_heads(num_heads, cache)
@@ -515,13 +457,9 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self.persistent = check_persistent(persistent, cache, hpb, tensor_cores)
         self._kernel, self._threads, self.tensor_cores = _cache_launch(cache, hpb, p > 1, tuning,
-                                                                       tensor_cores,
-                                                                       self.persistent)
-        self._grid = decode_grid(self._kernel, self._threads,
-                                 decode_signatures(cache.dtype.name, cache.layout)[int(p > 1)],
-                                 h // hpb, n, p, self.persistent)
+                                                                       tensor_cores)
+        self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
                        if p > 1 and n else None)

@@ -201,67 +201,6 @@ def test_decode_dynamic_ring_matches_reference(config, warps, stages, data):
                     *decode_reference(p, q, k, v, num_partitions=parts, **extra))
 
 
-SIM_PERSISTENT = dict(head_sizes=(32,), block_sizes=(16, 5), dtypes=("float16",),
-                      groups=(1, 2, 4), max_seqs=3, max_kv_heads=2, max_seq_len=150)
-PERSISTENT_CASES = (
-    [pytest.param(SIM_PERSISTENT, None, 2, id="sim-stages2"),
-     pytest.param({**SIM_PERSISTENT, "block_sizes": (16,)}, None, 3, id="sim-stages3")]
-    if SIM else
-    [_ring_case(hs, lay, dt, GQA_GROUPS[i % 4], 4 if hs < 256 else 2, 2)
-     for i, (hs, lay, dt) in enumerate(
-         [(128, lay, dt) for lay in LAYOUTS for dt in ("float16", "bfloat16")]
-         + [(64, "nhd", "float16"), (256, "hnd", "bfloat16")])]
-    + [_ring_case(128, "nhd", "float16", 4, 4, 4), _ring_case(128, "vllm", "bfloat16", 8, 4, 3)]
-    + [pytest.param({"head_sizes": (128,), "block_sizes": (bs,), "layouts": ("nhd",),
-                     "dtypes": ("float16",), "groups": (4,)}, 4, 2, id=f"block{bs}")
-       for bs in (5, 32)])
-
-
-@pytest.mark.parametrize("config, warps, stages", PERSISTENT_CASES)
-@settings(max_examples=3 if SIM else settings().max_examples)   # two launches per example
-@given(data=st.data())
-def test_decode_persistent_matches_one_item_kernel(config, warps, stages, data):
-    """The persistent kernel (thread blocks walking several (head group, sequence,
-    partition) items, each next item's first copies issued before the current
-    item's epilogue) gives the one-item-per-block kernel's bits for any number of
-    blocks, and matches the reference."""
-    from paged_numba import _arrays
-    p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
-    extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
-    parts = data.draw(st.integers(1, 3), label="num_partitions")
-    q, k, v = p.arrays()
-    cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
-    dev = [_arrays.as_device(a, name)[0] for a, name in
-           ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
-    results = []
-    for persistent in (False, None):
-        if persistent is None:      # any number of blocks, more than the items too
-            items = math.prod(results[0][2])
-            persistent = data.draw(st.integers(1, items + 2), label="blocks")
-        plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks, num_partitions=parts,
-                             num_warps=warps, stages=stages, persistent=persistent, **extra)
-        out = _arrays.to_host(plan.run(*dev), cache.dtype)
-        results.append((out, plan.lse.copy_to_host(), plan._grid))
-    (one, one_lse, _), (out, lse, grid) = results
-    assert grid == (min(persistent, items), 1, 1)
-    assert out.tobytes() == one.tobytes() and lse.tobytes() == one_lse.tobytes()
-    check_attention(q, out, lse, *decode_reference(p, q, k, v, num_partitions=parts, **extra))
-
-
-def test_persistent_argument_is_checked():
-    """``persistent``: a bool or a positive block count, and only for the
-    tensor-core kernel; errors name the value."""
-    cache = pn.PagedKVCache(8, 16, 2, 64, "float16")
-    for bad in (0, -3, 2.5, "yes"):
-        with pytest.raises(ValueError, match=f"persistent must be.*{bad!r}"):
-            pn.DecodePlan(cache, 2, 4, 4, persistent=bad)
-    with pytest.raises(ValueError, match="persistent decode needs the tensor-core kernel"):
-        pn.DecodePlan(pn.PagedKVCache(8, 16, 2, 64, "float32"), 2, 4, 4, persistent=True)
-    for blocks, grid in ((5, 4), (3, 3), (True, 4)):   # 2 head groups x 2 sequences
-        assert pn.DecodePlan(cache, 2, 4, 4, num_partitions=1,
-                             persistent=blocks)._grid == (grid, 1, 1)
-
-
 def test_default_warps_fit_static_shared_memory_and_more_are_kept():
     """``launch_shape``: 4 warps by default (2 at head size 256, where 4 do not fit
     the static 48 KB), which paged_decode and DecodePlan both take; a caller's 8 at

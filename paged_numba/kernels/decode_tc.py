@@ -66,7 +66,6 @@ STEP = 8                    # tokens per warp step: the mma's N
 # paged_decode's choice of decode_tc_kernel(pv_mma=..., key_rows=...) (see the factory):
 PV_MMA = True      # P @ V on tensor cores
 KEY_ROWS = None    # keys by ldmatrix; None: for the unsplit kernel only (faster there)
-PERSISTENT = False  # paged_decode's default for decode_tc_kernel(persistent=...)
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
 MAX_SHARED_BYTES = 232448    # static + dynamic shared memory of one block (sm_90, opt-in)
 
@@ -135,7 +134,7 @@ def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, persistent=False):
+                     key_rows=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -148,14 +147,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ``key_rows`` copies the keys as the values are copied (whole rows an
     instruction, the XOR-swizzled ring) and reads the mma's B fragments with
     ``ldmatrix``: the head dimension in its natural order, so other rounding
-    too.
-
-    ``persistent`` builds the kernel for a 1-D grid of any size: block ``b``
-    takes the work items ``b, b + gridDim.x, ...`` in the order of the
-    one-item grid (head blocks fastest, then sequences, then partitions),
-    and issues each next item's first copies before the current item's
-    epilogue, so the ring does not drain between items. Outputs are
-    bit-identical to the one-item kernel's. Both together were 2.6-3.8% faster than neither on the H200's large
+    too. Both together were 2.6-3.8% faster than neither on the H200's large
     headline shapes (``experiments/NOTES.md``, session 8); ``PV_MMA`` and
     ``KEY_ROWS`` say which ones ``paged_decode`` uses."""
     if not supports(head_size, heads_per_block, dtype, layout):
@@ -178,7 +170,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NT = 32 * NW
     PV = pv_mma
     KR = key_rows
-    PERSISTENT = persistent
     # the ring in dynamic shared memory where that holds more of the stages asked for
     # (more warps, or a deeper ring) than the static 48 KB
     DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV)
@@ -369,63 +360,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             for e in range(VEC):
                 ring[base + e] = value_cache[blk, kvh, lr * VEC + e, tok]
 
-    @device_function
-    def span(seq_len, part, partition_size, window):
-        """``(start, end)``: the tokens of partition ``part`` the query attends to."""
-        first = int32(0 if window <= 0 else max(seq_len - window, 0))
-        return (int32(max(part * partition_size, first)),
-                int32(min(part * partition_size + partition_size, seq_len)))
-
-    @device_function
-    def warp_steps(start, end, warp):
-        """``(astart, nsteps)``: the partition's first step start (a multiple of
-        8) and the number of steps ``warp`` takes."""
-        astart = int32(start - start % STEP)
-        nsteps = int32(0)
-        if astart + warp * STEP < end:
-            nsteps = int32((end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP))
-        return astart, nsteps
-
-    @device_function
-    def item_of(it, head_blocks, num_seqs):
-        """``(head block, sequence, partition)`` of work item ``it`` (head blocks
-        fastest, as in the grid of the one-item-per-block launch)."""
-        t = int32(it // head_blocks)
-        return int32(it - t * head_blocks), int32(t % num_seqs), int32(t // num_seqs)
-
-    @device_function
-    def fill(ring, key_cache, value_cache, block_tables, seq, krows, vrows, start, end, hi,
-             astart, nsteps, base, warp, lane, r, g, tid, vsw):
-        """Issue the item's first ``STAGES - 1`` steps into the ring from stage
-        ``base`` (a group each, empty past its steps); returns the warp's window
-        of block numbers (``step_blocks`` from step 0)."""
-        tab_win = int32(0)
-        if PREFETCH:
-            tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
-        for j in range(STAGES - 1):
-            blk = int32(0)
-            if PREFETCH:
-                blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
-            if j < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                      int32(astart + (warp + j * NW) * STEP), start, hi,
-                      int32((base + j) % STAGES), r, g, tid, blk, vsw)
-            else:
-                commit_group()
-        return tab_win
-
-    @device_function
-    def attend(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
-               partition_size, alibi_slopes, soft_cap, window, hb, seq, part, seq_len, has_next,
-               nx_seq, nx_hb, nx_part, nx_len, crossed, base, tab_win, m_s, l_s, alpha_s, p_s,
-               acc_s, ring):
-        """One work item: query heads ``hb * HPB ...`` of ``seq``, partition
-        ``part`` (``seq_len`` its length, read from ``seq_lens`` here for the
-        one-item kernel). ``base`` is the ring stage of the item's first step; with
-        ``crossed`` the previous item already issued its first ``STAGES - 1``
-        steps, and ``tab_win`` holds its block-number window. Where ``has_next``
-        (persistent kernel only), the next item's fill is issued before this
-        item's epilogue. Returns the next item's ``(crossed, base, tab_win)``."""
+    @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
+                 else dict(max_registers=max_registers)))
+    def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                               seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
+        hb = cuda.blockIdx.x
+        seq = cuda.blockIdx.y
+        part = cuda.blockIdx.z
         tid = int32(cuda.threadIdx.x)
         lane = int32(tid % 32)
         warp = int32(tid // 32)
@@ -436,11 +377,19 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
-        if not PERSISTENT:
-            seq_len = int32(seq_lens[seq])
+        seq_len = int32(seq_lens[seq])
         qpos = int32(seq_len - 1)
-        start, end = span(seq_len, part, partition_size, window)
+        first = int32(0 if window <= 0 else max(seq_len - window, 0))
+        start = int32(max(part * partition_size, first))
+        end = int32(min(part * partition_size + partition_size, seq_len))
         hi = int32(end - 1)
+
+        m_s = cuda.shared.array((NW, MAX_HPB), float32)
+        l_s = cuda.shared.array((NW, MAX_HPB), float32)
+        alpha_s = cuda.shared.array((NW, MAX_HPB), float32, alignment=16)
+        p_s = cuda.shared.array((NW, STEP, MAX_HPB), float32, alignment=16)
+        acc_s = cuda.shared.array((NW, D), float32)
+        ring = cuda.shared.array(0 if DYNAMIC else RING, SMEM_T, alignment=16)
 
         # A fragments: query row h0 + r (zero for r >= HPB), vector c + 4i holds
         # the words of k-steps 2i (words 0, 1) and 2i + 1 (words 2, 3)
@@ -490,12 +439,25 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         krows = k_rows(key_cache, kvh, lr if KR else c)
         vrows = v_rows(value_cache, kvh, lr)
 
-        astart, nsteps = warp_steps(start, end, warp)
-        if not (PERSISTENT and crossed):
-            tab_win = fill(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
-                           start, end, hi, astart, nsteps, base, warp, lane, r, g, tid, vsw)
-        stage = int32(base)
-        nxt_stage = int32((base + STAGES - 1) % STAGES)
+        astart = int32(start - start % STEP)
+        nsteps = int32(0)
+        if astart + warp * STEP < end:
+            nsteps = int32((end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP))
+        tab_win = int32(0)
+        if PREFETCH:
+            tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
+        for j in range(STAGES - 1):                 # fill the ring
+            blk = int32(0)
+            if PREFETCH:
+                blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
+            if j < nsteps:
+                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
+                      int32(astart + (warp + j * NW) * STEP), start, hi, j, r, g, tid, blk,
+                      vsw)
+            else:
+                commit_group()
+        stage = int32(0)
+        nxt_stage = int32(STAGES - 1)
         for j in range(nsteps):
             if PV or KR:
                 cuda.syncwarp()                      # last step's ldmatrix reads are done
@@ -623,17 +585,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                                  value_cache, block_tables, seq, kvh, lr)
             stage = int32(stage + 1 if stage + 1 < STAGES else 0)
 
-        nbase = int32((base + nsteps) % STAGES)
-        if PERSISTENT and has_next:
-            # the next item's ring fill goes out before this item's epilogue: its
-            # copies land while the warps merge (stages of this item's done steps)
-            n_start, n_end = span(nx_len, nx_part, partition_size, window)
-            n_astart, n_steps = warp_steps(n_start, n_end, warp)
-            n_kvh = nx_hb * HPB // group
-            tab_win = fill(ring, key_cache, value_cache, block_tables, nx_seq,
-                           k_rows(key_cache, n_kvh, lr if KR else c), v_rows(value_cache, n_kvh, lr),
-                           n_start, n_end, int32(n_end - 1), n_astart, n_steps, nbase, warp, lane,
-                           r, g, tid, vsw)
         # -- epilogue: the warp's state, then the warps merged with the (m, l) rule
         l_run = quad_sum(l_run)
         if c == 0 and r < HPB:
@@ -643,50 +594,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             merge_warps(out, lse, seq, part, h0, warp, tid, r, c, o, m_s, l_s, acc_s)
         else:
             merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
-        return PERSISTENT and has_next, nbase, tab_win
-
-    @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
-                 else dict(max_registers=max_registers)))
-    def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                               seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
-        m_s = cuda.shared.array((NW, MAX_HPB), float32)
-        l_s = cuda.shared.array((NW, MAX_HPB), float32)
-        alpha_s = cuda.shared.array((NW, MAX_HPB), float32, alignment=16)
-        p_s = cuda.shared.array((NW, STEP, MAX_HPB), float32, alignment=16)
-        acc_s = cuda.shared.array((NW, D), float32)
-        ring = cuda.shared.array(0 if DYNAMIC else RING, SMEM_T, alignment=16)
-        if not PERSISTENT:      # one item per block: grid (head blocks, sequences, partitions)
-            attend(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                   partition_size, alibi_slopes, soft_cap, window, cuda.blockIdx.x,
-                   cuda.blockIdx.y, cuda.blockIdx.z, int32(0), False, 0, 0, 0, 0, False,
-                   int32(0), int32(0), m_s, l_s, alpha_s, p_s, acc_s, ring)
-            return
-        # persistent: the blocks of a 1-D grid walk the items it, it + grid, ...
-        head_blocks = int32(query.shape[1] // HPB)
-        num_seqs = int32(out.shape[0])
-        items = int32(head_blocks * num_seqs * out.shape[1])
-        it = int32(cuda.blockIdx.x)
-        if it >= items:
-            return
-        hb, seq, part = item_of(it, head_blocks, num_seqs)
-        seq_len = int32(seq_lens[seq])
-        crossed = False
-        base = int32(0)
-        tab_win = int32(0)
-        while True:
-            nx = int32(it + cuda.gridDim.x)
-            has_next = nx < items
-            nx_hb, nx_seq, nx_part = item_of(min(nx, items - 1), head_blocks, num_seqs)
-            nx_len = int32(seq_lens[nx_seq])          # loads while this item runs
-            crossed, base, tab_win = attend(
-                out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                partition_size, alibi_slopes, soft_cap, window, hb, seq, part, seq_len,
-                has_next, nx_seq, nx_hb, nx_part, nx_len, crossed, base, tab_win, m_s, l_s,
-                alpha_s, p_s, acc_s, ring)
-            if not has_next:
-                break
-            it, hb, seq, part, seq_len = nx, nx_hb, nx_seq, nx_part, nx_len
-
 
     # what a launch must ask for (``_launch.PackedLaunch`` reads it)
     paged_decode_tc_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
