@@ -134,7 +134,7 @@ def dynamic_ring_bytes(head_size, num_warps, stages, layout, pv_mma=False):
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, compute=True):
+                     key_rows=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -170,7 +170,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NT = 32 * NW
     PV = pv_mma
     KR = key_rows
-    COMPUTE = compute     # False: copies and waits only (a diagnostic: wrong outputs)
     # the ring in dynamic shared memory where that holds more of the stages asked for
     # (more warps, or a deeper ring) than the static 48 KB
     DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV)
@@ -476,9 +475,6 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 commit_group()
             nxt_stage = int32(nxt_stage + 1 if nxt_stage + 1 < STAGES else 0)
             wait_stages()                           # this step's group has landed
-            if not COMPUTE:
-                stage = int32(stage + 1 if stage + 1 < STAGES else 0)
-                continue
             s0 = int32(astart + (warp + j * NW) * STEP)
             if PV and not STAGE_V:
                 gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0,
@@ -601,6 +597,4 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
 
     # what a launch must ask for (``_launch.PackedLaunch`` reads it)
     paged_decode_tc_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
-    if not COMPUTE and not DYNAMIC:   # unused bytes: as few blocks resident as with compute
-        paged_decode_tc_kernel.dynamic_shared_bytes = 22 * 1024
     return paged_decode_tc_kernel
