@@ -1,6 +1,22 @@
-"""Decode benchmark: paged_numba against torch SDPA on the same K/V made contiguous.
+"""Decode benchmark: paged_numba against torch SDPA (same K/V made contiguous) and FlashInfer.
 
     python experiments/bench_decode.py --grid headline --out results/decode_h200.csv
+    python experiments/bench_decode.py --grid groups --impls paged_numba flashinfer
+
+Cases (``--grid headline``; fp16, head size 128, block size 16): the five
+``group4-BxC`` rows (B sequences of C tokens, 32 query / 8 KV heads), then
+``mqa-64x4096`` (32 query heads / 1 KV head) and ``group16-64x4096`` (64 query
+/ 4 KV heads); ``--grid groups`` has only the last two, ``--cases`` picks some.
+
+FlashInfer (``flashinfer``, when it imports): ``BatchDecodeWithPagedKVCacheWrapper``
+(``"NHD"``) on the same pools, queries and random block tables (as CSR
+pages), ``plan()`` outside the graph, ``run()`` captured and timed like the
+others (``timing`` says ``events`` where capturing it failed and it ran
+eagerly). Impl ``flashinfer`` has the ``use_tensor_cores`` of FlashInfer's
+own rule (tensor cores from a GQA group of 4 up, as its sparse wrapper
+decides); the other setting is timed too, as ``flashinfer_tc`` or
+``flashinfer_cc``, except where its CUDA-core kernel has no such group
+(it has 1, 2, 3, 4 and 8). ``impl_detail`` says which backend ran.
 
 Method: inputs are rotated so that the bytes touched per timed pass exceed
 the L2 several times; each implementation's calls are captured in a CUDA
@@ -22,22 +38,28 @@ import math
 import statistics
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
 from numba import cuda
 
 import paged_numba as pn
-from bench_common import new_run_id, write_rows
+from bench_common import (csr_pages, flashinfer_workspace, import_flashinfer, new_run_id, ratio,
+                          write_rows)
 
 HEADLINE = [(1, 32768), (16, 4096), (64, 4096), (256, 2048), (128, 8192)]
+GROUPS = {"mqa-64x4096": (64, 4096, 32, 1), "group16-64x4096": (64, 4096, 64, 4)}
+IMPLS = ["paged_numba", "torch_sdpa", "flashinfer"]
+FI_CUDA_CORE_GROUPS = (1, 2, 3, 4, 8)     # FlashInfer's DISPATCH_GQA_GROUP_SIZE (utils.cuh)
 L2_BYTES = 60 * 2**20
 WARM_S = 0.1       # seconds of graph replays before each timing
 QUEUE_CYCLES = 200_000   # spin before each timed replay (~0.1 ms, longer than submitting it)
 QUEUED = True      # False: --idle-start
-FIELDS = ["run_id", "gpu", "impl", "batch", "context", "num_heads", "num_kv_heads", "head_size",
-          "block_size", "dtype", "layout", "table", "num_partitions", "us", "gbps", "pct_copy_bw",
-          "ratio_to_sdpa", "host_us", "copy_gbps", "command"]
+FIELDS = ["run_id", "gpu", "impl", "case", "batch", "context", "num_heads", "num_kv_heads",
+          "head_size", "block_size", "dtype", "layout", "table", "num_partitions", "us", "gbps",
+          "pct_copy_bw", "ratio_to_sdpa", "ratio_to_flashinfer", "host_us", "copy_gbps",
+          "impl_detail", "timing", "max_err", "command"]
 
 
 def graph_time(calls, reps):
@@ -67,6 +89,28 @@ def graph_time(calls, reps):
             torch.cuda._sleep(QUEUE_CYCLES)
         a.record()
         graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def event_time(calls, reps):
+    """Median microseconds per call of ``calls`` run eagerly (no graph), each
+    pass timed with CUDA events behind the same spin as :func:`graph_time`."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARM_S:
+        for call in calls:
+            call()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if QUEUED:
+            torch.cuda._sleep(QUEUE_CYCLES)
+        a.record()
+        for call in calls:
+            call()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / len(calls))
@@ -108,10 +152,69 @@ def check_against_sdpa(cache, query, table, context, out, seqs=2):
     return float((got - ref[:, :, 0]).abs().max())
 
 
+def flashinfer_rows(fi, cache, qts, tab_ts, context, reps):
+    """FlashInfer's paged decode over the same pools, queries and tables: one
+    wrapper per rotation (``plan()`` here), ``run()`` into preallocated outputs,
+    captured in a CUDA graph like the others (eagerly with events if that fails)."""
+    batch, num_heads = qts[0].shape[:2]
+    group = num_heads // cache.num_kv_heads
+    pools = tuple(torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
+    rule = group >= 4       # FlashInfer's own rule (sparse.py: R * group < 4 -> CUDA cores)
+    rows = []
+    for tc in (rule, not rule):
+        impl = "flashinfer" if tc == rule else ("flashinfer_tc" if tc else "flashinfer_cc")
+        if not tc and group not in FI_CUDA_CORE_GROUPS:
+            print(f"{impl}: skipped (FlashInfer's CUDA-core decode has no GQA group {group})",
+                  flush=True)
+            continue
+        try:
+            wrappers = []
+            for t in tab_ts:
+                # tensor cores: the fa2 prefill kernels (FlashInfer's "auto" picks fa3 on
+                # sm90, which ran decode 8-20x slower than fa2's CUDA-core decode here)
+                w = fi.BatchDecodeWithPagedKVCacheWrapper(flashinfer_workspace(), "NHD",
+                                                          use_tensor_cores=tc,
+                                                          **(dict(backend="fa2") if tc else {}))
+                w.plan(*csr_pages(t, [context] * batch, cache.block_size), num_heads,
+                       cache.num_kv_heads, cache.head_size, cache.block_size,
+                       pos_encoding_mode="NONE", q_data_type=qts[0].dtype,
+                       kv_data_type=qts[0].dtype)
+                wrappers.append(w)
+            outs = [torch.empty_like(q) for q in qts]
+            calls = [lambda w=w, q=q, o=o: w.run(q, pools, out=o)
+                     for w, q, o in zip(wrappers, qts, outs)]
+            for call in calls:
+                call()
+            torch.cuda.synchronize()
+            err = check_against_sdpa(cache, qts[0], tab_ts[0], context, outs[0])
+            if not err < 2e-2:
+                print(f"{impl}: check against SDPA FAILED, max error {err:.3g}", flush=True)
+            start = time.perf_counter()
+            for _ in range(200):
+                calls[0]()
+            host_us = (time.perf_counter() - start) / 200 * 1e6
+            torch.cuda.synchronize()
+            try:
+                us, timing = graph_time(calls, reps), "graph"
+            except Exception as e:  # noqa: BLE001 - not capturable: time it eagerly
+                print(f"{impl}: graph capture failed ({type(e).__name__}: {e}); timing it "
+                      f"eagerly with events", flush=True)
+                us, timing = event_time(calls, reps), "events"
+        except Exception as e:  # noqa: BLE001 - e.g. a shape this FlashInfer does not support
+            print(f"{impl}: skipped ({type(e).__name__}: {e})", flush=True)
+            continue
+        detail = f"use_tensor_cores={tc}" + (f" backend={wrappers[0]._backend}" if tc else "")
+        rows.append(dict(impl=impl, impl_detail=detail, table="random", num_partitions="", us=us,
+                         host_us=host_us, timing=timing, max_err=err))
+    return rows
+
+
 def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype,
                  layout="nhd", tables=("random", "identity"), partitions=(None,), reps=30,
-                 sdpa=True, tuning=None):
-    """Time one configuration; return a list of result dicts."""
+                 sdpa=True, tuning=None, numba=True, fi=None):
+    """Time one configuration; return a list of result dicts. ``numba=False``
+    leaves paged_numba out; ``fi``, the flashinfer module, adds its rows (on the
+    random table of an "nhd" cache)."""
     tdtype = getattr(torch, dtype)
     itemsize = torch.finfo(tdtype).bits // 8
     per_set = kv_bytes(batch, context, num_kv_heads, head_size, itemsize)
@@ -122,16 +225,17 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
     for pool in (cache.key_cache, cache.value_cache):
         torch.as_tensor(pool, device="cuda").normal_()
     lens = cuda.to_device(np.full(batch, context, np.int32))
-    queries = [cuda.as_cuda_array(torch.randn(batch, num_heads, head_size, dtype=tdtype,
-                                              device="cuda")) for _ in range(rot)]
+    qts = [torch.randn(batch, num_heads, head_size, dtype=tdtype, device="cuda")
+           for _ in range(rot)]
+    queries = [cuda.as_cuda_array(q) for q in qts]
     rows = []
     for table_kind in tables:
         order = (torch.randperm(num_blocks, device="cuda") if table_kind == "random"
                  else torch.arange(num_blocks, device="cuda"))
-        tabs = [cuda.as_cuda_array(order[r * batch * blocks_per_seq:(r + 1) * batch * blocks_per_seq]
-                                   .reshape(batch, blocks_per_seq).to(torch.int32).contiguous())
-                for r in range(rot)]
-        for parts in partitions:
+        tab_ts = [order[r * batch * blocks_per_seq:(r + 1) * batch * blocks_per_seq]
+                  .reshape(batch, blocks_per_seq).to(torch.int32).contiguous() for r in range(rot)]
+        tabs = [cuda.as_cuda_array(t) for t in tab_ts]
+        for parts in (partitions if numba else ()):
             plans = [pn.DecodePlan(cache, batch, num_heads, blocks_per_seq, num_partitions=parts,
                                    **(tuning or {}))
                      for _ in range(rot)]
@@ -158,6 +262,8 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
                              num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
                              merge_us=merge_us,
                              regs=regs, tuning=tuning, max_err=err))
+        if fi is not None and table_kind == "random" and layout == "nhd":
+            rows += flashinfer_rows(fi, cache, qts, tab_ts, context, reps)
     if sdpa:
         ks = [torch.randn(batch, num_kv_heads, context, head_size, dtype=tdtype, device="cuda")
               for _ in range(rot)]
@@ -179,12 +285,22 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
     return rows
 
 
+def cases(name):
+    """Named configurations ``{case: (batch, context, num_heads, num_kv_heads,
+    head_size, block_size, dtype)}`` of the headline, groups and quick grids."""
+    group4 = {f"group4-{b}x{c}": (b, c, 32, 8, 128, 16, "float16") for b, c in HEADLINE}
+    groups = {case: (*g, 128, 16, "float16") for case, g in GROUPS.items()}
+    if name == "headline":
+        return {**group4, **groups}
+    if name == "groups":
+        return groups
+    if name == "quick":
+        return {"group4-4x2048": (4, 2048, 32, 8, 128, 16, "float16")}
+    raise SystemExit(f"unknown grid {name!r}")
+
+
 def grid(name):
     """Configurations ``(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype)``."""
-    if name == "headline":
-        return [(b, c, 32, 8, 128, 16, "float16") for b, c in HEADLINE]
-    if name == "quick":
-        return [(4, 2048, 32, 8, 128, 16, "float16")]
     if name == "full":
         # batch x context at the headline model shape, then one factor at a
         # time (head size, block size, GQA group incl. MHA and MQA, fp32) at two shapes
@@ -240,7 +356,10 @@ def full_grid(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", default="headline", choices=["headline", "quick", "full"])
+    ap.add_argument("--grid", default="headline", choices=["headline", "groups", "quick", "full"])
+    ap.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases of the grid")
+    ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL",
+                    help=f"only these implementations (of {' '.join(IMPLS)}; not for --grid full)")
     ap.add_argument("--out", default="results/decode_h200.csv")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tuning", action="store_true",
@@ -287,26 +406,43 @@ def main():
         return
     if args.grid == "full":
         return full_grid(args)
+    todo = cases(args.grid)
+    unknown = sorted(set(args.cases or []) - set(todo))
+    if unknown:
+        raise SystemExit(f"no case {unknown} in grid {args.grid!r}; it has {list(todo)}")
     gpu = torch.cuda.get_device_name()
     run_id = new_run_id()
     command = "python experiments/bench_decode.py " + " ".join(sys.argv[1:])
     bw = copy_gbps()
     print(f"{gpu}: device copy {bw:.0f} GB/s (read + write); run {run_id}")
+    fi = import_flashinfer() if "flashinfer" in args.impls else None
     rows = []
-    for cfg in grid(args.grid):
-        got = bench_config(*cfg, reps=args.reps)
-        sdpa = [r["us"] for r in got if r["impl"] == "torch_sdpa_contiguous"]
+    for case, cfg in todo.items():
+        if args.cases and case not in args.cases:
+            continue
+        try:
+            got = bench_config(*cfg, reps=args.reps, sdpa="torch_sdpa" in args.impls,
+                               numba="paged_numba" in args.impls, fi=fi)
+        except Exception:  # noqa: BLE001 - keep the other cases' rows
+            traceback.print_exc()
+            continue
+        peer = {r["impl"]: r["us"] for r in got}
         for r in got:
-            r.update(run_id=run_id, gpu=gpu, pct_copy_bw=100 * r["gbps"] / bw, copy_gbps=bw,
-                     ratio_to_sdpa=r["us"] / sdpa[0] if sdpa else "", command=command)
-            print(f"{r['impl']:>22} {r['table']:>10} b={r['batch']:<4} ctx={r['context']:<6} "
-                  f"P={r['num_partitions']!s:<3} {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
-                  f"{r['pct_copy_bw']:5.1f}% copy  x{r['ratio_to_sdpa']:.3f} SDPA  "
-                  f"host {r['host_us'] if r['host_us'] == '' else round(r['host_us'], 1)} us "
-                  f"err {r.get('max_err', '')}",
-                  flush=True)
+            r.update(run_id=run_id, gpu=gpu, case=case, pct_copy_bw=100 * r["gbps"] / bw,
+                     copy_gbps=bw, ratio_to_sdpa=ratio(r["us"], peer.get("torch_sdpa_contiguous")),
+                     ratio_to_flashinfer=ratio(r["us"], peer.get("flashinfer")), command=command)
+            r.setdefault("timing", "graph")
+            print(f"{r['impl']:>22} {case:>16} {r['table']:>10} P={r['num_partitions']!s:<3} "
+                  f"{r['us']:8.1f} us {r['gbps']:7.0f} GB/s {r['pct_copy_bw']:5.1f}% copy  "
+                  f"x{fmt(r['ratio_to_sdpa'])} SDPA  x{fmt(r['ratio_to_flashinfer'])} FlashInfer  "
+                  f"host {fmt(r['host_us'], 1)} us err {r.get('max_err', '')} "
+                  f"{r.get('impl_detail', '')}", flush=True)
         rows += got
-    write_rows(args.out, FIELDS, rows, 3)
+        write_rows(args.out, FIELDS, rows, 3)   # after each case: a run cut short keeps them
+
+
+def fmt(x, digits=3):
+    return "-" if x == "" else round(x, digits)
 
 
 if __name__ == "__main__":

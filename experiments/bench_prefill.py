@@ -1,25 +1,50 @@
-"""Prefill benchmark: paged_numba.PrefillPlan against torch SDPA on the same K/V made contiguous.
+"""Prefill benchmark: paged_numba.PrefillPlan against torch SDPA and FlashInfer on the same data.
 
     python3 experiments/bench_prefill.py --check          # check against SDPA, then time
+    python3 experiments/bench_prefill.py --cases causal-8x2048 --impls paged_numba torch_sdpa
     python3 experiments/bench_prefill.py --tuning         # time tilings of the prefill kernel
-    python3 experiments/bench_prefill.py --selftest       # no GPU: FLOP formula and arguments
+    python3 experiments/bench_prefill.py --selftest       # no GPU: FLOP formula, cases, CSR
 
-Cases (fp16, 32 query / 8 KV heads, head size 128, block size 16, random
-block tables):
+Cases (``--grid headline``; fp16, 32 query / 8 KV heads, head size 128, block
+size 16, random block tables unless the name says otherwise):
 
-* ``causal-8x2048``: 8 prompts of 2048 tokens, nothing cached;
+* ``causal-8x2048``, ``causal-2x8192``, ``causal-1x16384``: whole prompts
+  (8 x 2048, 2 x 8192, 1 x 16384 tokens), nothing cached;
 * ``chunked-mix``: 4 sequences each with a 512-token chunk after 1024-3072
-  cached tokens, plus 64 decode tokens with 1024-4096 tokens of context.
+  cached tokens, plus 64 decode tokens with 1024-4096 tokens of context;
+* ``causal-8x2048-bf16``, ``chunked-mix-bf16``: the same in bfloat16;
+* ``causal-8x2048-hs64``, ``causal-8x2048-hs256``: head size 64 and 256;
+* ``causal-8x2048-bs1``, ``causal-8x2048-bs64``: block (page) size 1 and 64.
 
-Method: each implementation is warmed up, then each call is timed with CUDA
-events; the median over ``--reps`` calls is reported. paged_numba runs
-``PrefillPlan.run`` (tile list and launch packed once, as a serving engine
-would per step). SDPA gets the same tokens gathered into contiguous
-``[batch, heads, seq, head_size]`` tensors (the gather is not timed): one
-batched call with ``is_causal`` when every sequence is a whole prompt of the
-same length; else one call per chunk with a bottom-right causal mask plus one
-batched call for all decode tokens (K/V padded to the longest context, with a
-key mask), so its time includes a few launches.
+Implementations (``--impls``; each row of the CSV is one implementation on one case):
+
+* ``paged_numba``: ``PrefillPlan.run`` (tile list and launch packed once, as a
+  serving engine would per step; ``impl_detail`` says which kernel ran,
+  ``tensor_cores`` or ``cuda_cores``);
+* ``torch_sdpa``: SDPA on the same tokens gathered into contiguous
+  ``[batch, heads, seq, head_size]`` tensors (the gather is not timed): one
+  batched call with ``is_causal`` when every sequence is a whole prompt of
+  the same length (``impl_detail`` ``contiguous_batched``); else one call per
+  chunk with a bottom-right causal mask plus one batched call for all decode
+  tokens (K/V padded to the longest context, with a key mask), so its time
+  includes a few launches (``contiguous_grouped``);
+* ``flashinfer_fa2``, ``flashinfer_fa3``: FlashInfer's
+  ``BatchPrefillWithPagedKVCacheWrapper`` (``"NHD"``, ``backend="fa2"`` /
+  ``"fa3"``; fa3 needs sm90) reading the SAME paged pools, with the block
+  table as CSR pages; ``plan()`` once, not timed, ``run()`` timed. Its
+  causal mask is bottom-right aligned, as ours. A missing ``flashinfer`` or a
+  backend that raises on a case is printed and its row skipped. Its output is
+  always compared with SDPA's (a peer fed the wrong pages would time fine).
+  FlashInfer compiles its kernels on first use (one module per backend,
+  dtype and head size) into ``.cache/flashinfer`` below
+  ``FLASHINFER_WORKSPACE_BASE`` (``$HOME`` by default).
+
+Method: each implementation is warmed up (3 calls), then ``--reps`` calls are
+timed with CUDA events, each after a 256 MB write that evicts the L2 (outside
+the events), as ``triton.testing.do_bench`` does; the calls are queued back
+to back and the median is reported. ``ratio_to_sdpa``, ``ratio_to_fa2`` and
+``ratio_to_fa3`` are this row's time over the peer's on the same case in the
+same run (blank when the peer did not run).
 
 FLOPs: ``4 * head_size * num_heads * pairs``, where ``pairs`` counts the
 admitted (query, key) pairs: a sequence with ``n`` queries over ``L`` keys
@@ -28,17 +53,23 @@ multiply-add each).
 """
 import argparse
 import os
-import statistics
 import sys
 import traceback
 
 import numpy as np
 
-from bench_common import new_run_id, write_rows
+from bench_common import (csr_pages, flashinfer_workspace, flushed_time, import_flashinfer,
+                          new_run_id, print_table, ratio, write_rows)
 
-FIELDS = ["run_id", "gpu", "impl", "case", "batch", "q_tokens", "kv_tokens", "pairs", "num_heads",
-          "num_kv_heads", "head_size", "block_size", "dtype", "us", "tflops", "ratio_to_sdpa",
-          "check_max_err", "tiling", "regs", "command"]
+FIELDS = ["run_id", "gpu", "impl", "impl_detail", "case", "dtype", "head_size", "block_size",
+          "num_heads", "num_kv_heads", "batch", "q_tokens", "kv_tokens", "pairs", "us", "tflops",
+          "ratio_to_sdpa", "ratio_to_fa2", "ratio_to_fa3", "check_max_err", "tiling", "regs",
+          "command"]
+IMPLS = ["paged_numba", "torch_sdpa", "flashinfer_fa2", "flashinfer_fa3"]
+PEERS = {"ratio_to_sdpa": "torch_sdpa", "ratio_to_fa2": "flashinfer_fa2",
+         "ratio_to_fa3": "flashinfer_fa3"}
+MODEL = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="float16")
+TOLERANCE = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}   # max |out - SDPA|
 
 
 # -- problem definitions and the FLOP formula (no GPU needed) ---------------------------
@@ -57,22 +88,51 @@ def flops(q_lens, kv_lens, num_heads, head_size, causal=True):
     return 4 * head_size * num_heads * admitted_pairs(q_lens, kv_lens, causal)
 
 
+def cu_seqlens(q_lens):
+    """Query row offsets ``[0, n0, n0 + n1, ...]`` (int32): ours and FlashInfer's ``qo_indptr``."""
+    return np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+
+
 def cases(name):
-    """``{case: (q_lens, kv_lens)}`` for a grid name."""
+    """``{case: spec}`` for a grid name; a spec is ``q_lens``, ``kv_lens`` and
+    the shape keys of ``MODEL`` (its values unless the case changes one)."""
+    def case(q_lens, kv_lens, **change):
+        return dict(MODEL, q_lens=list(q_lens), kv_lens=list(kv_lens), **change)
+
     rng = np.random.default_rng(0)
     mix_cached = [1024, 2048, 3072, 1536]
     decode_ctx = rng.integers(1024, 4097, size=64).tolist()
     mix = ([512] * 4 + [1] * 64, [c + 512 for c in mix_cached] + decode_ctx)
+    c8 = ([2048] * 8, [2048] * 8)
     if name == "headline":
-        return {"causal-8x2048": ([2048] * 8, [2048] * 8), "chunked-mix": mix}
+        return {"causal-8x2048": case(*c8), "causal-2x8192": case([8192] * 2, [8192] * 2),
+                "causal-1x16384": case([16384], [16384]), "chunked-mix": case(*mix),
+                "causal-8x2048-bf16": case(*c8, dtype="bfloat16"),
+                "chunked-mix-bf16": case(*mix, dtype="bfloat16"),
+                "causal-8x2048-hs64": case(*c8, head_size=64),
+                "causal-8x2048-hs256": case(*c8, head_size=256),
+                "causal-8x2048-bs1": case(*c8, block_size=1),
+                "causal-8x2048-bs64": case(*c8, block_size=64)}
     if name == "quick":
-        return {"causal-2x512": ([512] * 2, [512] * 2),
-                "chunked-mix-small": ([128, 1, 1], [640, 300, 1000])}
+        small = ([128, 1, 1], [640, 300, 1000])
+        return {"causal-2x512": case([512] * 2, [512] * 2), "chunked-mix-small": case(*small),
+                "chunked-mix-small-bf16": case(*small, dtype="bfloat16")}
     raise SystemExit(f"unknown grid {name!r}")
+
+
+def selected_cases(args):
+    """The grid's cases, only those named by ``--cases`` if given."""
+    grid = cases(args.grid)
+    unknown = sorted(set(args.cases or []) - set(grid))
+    if unknown:
+        raise SystemExit(f"no case {unknown} in grid {args.grid!r}; it has {list(grid)}")
+    return {c: s for c, s in grid.items() if not args.cases or c in args.cases}
 
 
 def selftest():
     """Checks of the parts that need no GPU."""
+    from paged_numba.page_tables import padded_to_csr
+
     # brute force: count k <= p for p = kv - n + j
     for q_lens, kv_lens in [([3, 1, 5], [3, 9, 12]), ([1], [1]), ([7], [20])]:
         brute = sum(1 for n, kv in zip(q_lens, kv_lens) for j in range(n)
@@ -82,33 +142,54 @@ def selftest():
             n * kv for n, kv in zip(q_lens, kv_lens))
     # 8 x 2048 causal at 32 heads, head 128: 4 * 128 * 32 * 8 * 2048 * 2049 / 2
     assert flops([2048] * 8, [2048] * 8, 32, 128) == 4 * 128 * 32 * 8 * 2048 * 2049 // 2
-    q, kv = cases("headline")["chunked-mix"]
-    assert len(q) == len(kv) == 68 and sum(q) == 4 * 512 + 64 and all(a <= b for a, b in zip(q, kv))
+    grid = cases("headline")
+    fl = {c: flops(s["q_lens"], s["kv_lens"], s["num_heads"], s["head_size"])
+          for c, s in grid.items()}
+    base = fl["causal-8x2048"]
+    assert fl["causal-1x16384"] == 4 * 128 * 32 * 16384 * 16385 // 2      # 2.2 TFLOP
+    assert fl["causal-2x8192"] == 4 * 128 * 32 * 2 * 8192 * 8193 // 2
+    assert fl["causal-8x2048-hs64"] * 2 == base == fl["causal-8x2048-hs256"] // 2
+    for c in ("bf16", "bs1", "bs64"):
+        assert fl[f"causal-8x2048-{c}"] == base
+    assert fl["chunked-mix-bf16"] == fl["chunked-mix"]
+    expect = {"causal-8x2048-bf16": ("dtype", "bfloat16"), "causal-8x2048-hs64": ("head_size", 64),
+              "causal-8x2048-hs256": ("head_size", 256), "causal-8x2048-bs1": ("block_size", 1),
+              "causal-8x2048-bs64": ("block_size", 64), "chunked-mix-bf16": ("dtype", "bfloat16")}
+    for c, s in grid.items():
+        q, kv = s["q_lens"], s["kv_lens"]
+        assert len(q) == len(kv) and all(1 <= a <= b for a, b in zip(q, kv)), c
+        key, value = expect.get(c, ("dtype", "float16"))
+        assert s[key] == value and all(s[k] == v for k, v in MODEL.items() if k != key), c
+        # FlashInfer's pages of a table numbered in order: it recovers each length as
+        # (pages - 1) * block_size + last_page_len
+        bs = s["block_size"]
+        used = [-(-n // bs) for n in kv]
+        table = np.full((len(kv), max(used)), -1, np.int32)
+        for i, u in enumerate(used):
+            table[i, :u] = np.arange(sum(used[:i]), sum(used[:i + 1]))
+        indptr, indices, last = padded_to_csr(table, kv, bs)
+        assert ((np.diff(indptr) - 1) * bs + last).tolist() == kv, c
+        assert indices.tolist() == list(range(sum(used))), c
+    q, kv = grid["chunked-mix"]["q_lens"], grid["chunked-mix"]["kv_lens"]
+    assert len(q) == len(kv) == 68 and sum(q) == 4 * 512 + 64
+    # the CSR FlashInfer gets, on a hand-built table with block size 16: lengths 20, 16
+    # and 33 use ceil(20/16) = 2, 1 and ceil(33/16) = 3 pages, so indptr = [0, 2, 3, 6];
+    # last pages hold 20 - 16 = 4, 16 and 33 - 2 * 16 = 1 tokens; padding (-1) is dropped
+    table = np.array([[5, 2, -1], [0, -1, -1], [7, 1, 3]], np.int32)
+    indptr, indices, last = padded_to_csr(table, [20, 16, 33], 16)
+    assert indptr.tolist() == [0, 2, 3, 6] and indices.tolist() == [5, 2, 0, 7, 1, 3]
+    assert last.tolist() == [4, 16, 1]
+    assert cu_seqlens([3, 1, 5]).tolist() == [0, 3, 4, 9]                   # qo_indptr
     args = parse_args(["--check", "--reps", "5", "--grid", "quick"])
-    assert args.check and args.reps == 5 and args.grid == "quick"
-    print("selftest ok:", {c: f"{flops(*ql, 32, 128) / 1e9:.1f} GFLOP"
-                           for c, ql in cases("headline").items()})
+    assert args.check and args.reps == 5 and args.grid == "quick" and args.impls == IMPLS
+    args = parse_args(["--cases", "causal-8x2048", "causal-8x2048-bs1", "--impls", "paged_numba",
+                       "torch_sdpa"])
+    assert list(selected_cases(args)) == ["causal-8x2048", "causal-8x2048-bs1"]
+    assert args.impls == ["paged_numba", "torch_sdpa"]
+    print("selftest ok:", {c: f"{f / 1e9:.1f} GFLOP" for c, f in fl.items()})
 
 
-# -- timing (GPU) -------------------------------------------------------------------------
-
-def event_time(call, reps, warmup=3):
-    """Median microseconds of ``call()`` over ``reps`` calls, each timed with CUDA events."""
-    import torch
-
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
+# -- the problem on the GPU ---------------------------------------------------------------
 
 def kernel_regs(plan):
     try:
@@ -116,6 +197,15 @@ def kernel_regs(plan):
                         for k in plan._kernel.overloads.values())
     except Exception:  # noqa: BLE001 - informational column only
         return ""
+
+
+def as_torch(arr, tdtype):
+    """A torch tensor over a numba device array (bf16 is stored as uint16 bits)."""
+    import torch
+
+    if tdtype == torch.bfloat16:
+        return torch.as_tensor(arr.view(np.int16), device="cuda").view(torch.bfloat16)
+    return torch.as_tensor(arr, device="cuda")
 
 
 class Problem:
@@ -131,13 +221,13 @@ class Problem:
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
         self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
         self.block_size, self.dtype = block_size, dtype
-        tdtype = getattr(torch, dtype)
+        self.tdtype = tdtype = getattr(torch, dtype)
         gen = torch.Generator(device="cuda").manual_seed(seed)
         used = [-(-kv // block_size) for kv in kv_lens]
         num_blocks = sum(used)
         self.cache = pn.PagedKVCache(num_blocks, block_size, num_kv_heads, head_size, dtype, "nhd")
-        self.k_pool = torch.as_tensor(self.cache.key_cache, device="cuda")
-        self.v_pool = torch.as_tensor(self.cache.value_cache, device="cuda")
+        self.k_pool = as_torch(self.cache.key_cache, tdtype)      # FlashInfer's NHD pages
+        self.v_pool = as_torch(self.cache.value_cache, tdtype)
         self.k_pool.normal_(generator=gen)
         self.v_pool.normal_(generator=gen)
         perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
@@ -148,11 +238,11 @@ class Problem:
             pos += u
         self.table_t = table
         self.table = cuda.as_cuda_array(table)
-        self.cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        self.cu = cu_seqlens(q_lens)
         self.total_q = int(self.cu[-1])
         self.query_t = torch.randn(self.total_q, num_heads, head_size, dtype=tdtype,
                                    device="cuda", generator=gen)
-        self.query = cuda.as_cuda_array(self.query_t)
+        self.query = self.query_t          # PrefillPlan wraps torch tensors (bf16 included)
 
     def contiguous(self, i):
         """``(q [1, H, n, D], k, v [1, Hkv, L, D])`` of sequence ``i``, gathered."""
@@ -174,9 +264,30 @@ def bias_lower_right(n, kv):
     return causal_lower_right(n, kv)
 
 
+# -- the implementations: each caller returns (run, output, impl_detail, extra columns) ---
+
+def numba_caller(prob, tiling=None):
+    import torch
+
+    import paged_numba as pn
+
+    plan = pn.PrefillPlan(prob.cache, prob.cu, np.asarray(prob.kv_lens, np.int32),
+                          prob.num_heads, causal=True, **(tiling or {}))
+    stream = torch.cuda.current_stream()
+    plan.run(prob.query, prob.table, stream=stream, validate=True)
+
+    def run():
+        return plan.run(prob.query, prob.table, stream=stream)
+    tiling_s = (f"hpb={plan.heads_per_block} bq={plan.block_q} bn={plan.block_n} "
+                f"warps={plan.num_warps} tiles={plan.num_tiles}")
+    detail = "tensor_cores" if getattr(plan, "tensor_cores", False) else "cuda_cores"
+    return run, lambda: as_torch(run(), prob.tdtype), detail, dict(tiling=tiling_s,
+                                                                   regs=kernel_regs(plan))
+
+
 def sdpa_caller(prob):
     """A function running SDPA over the whole batch, and one returning its output
-    ``[total_q, H, D]`` (for --check)."""
+    ``[total_q, H, D]`` (for the checks)."""
     import torch
     import torch.nn.functional as F
 
@@ -193,7 +304,7 @@ def sdpa_caller(prob):
 
         def output():
             return run().permute(0, 2, 1, 3).reshape(prob.total_q, prob.num_heads, -1)
-        return run, output, "torch_sdpa_contiguous_batched"
+        return run, output, "contiguous_batched", {}
 
     # decode tokens (q_len 1 sees every key): one batched call, K/V padded to the
     # longest context with a key mask; chunks: one call each, bottom-right causal
@@ -235,7 +346,7 @@ def sdpa_caller(prob):
         return [call(q, k, v, m, c) for _, q, k, v, m, c in items]
 
     def output():
-        out = torch.empty(prob.total_q, prob.num_heads, prob.head_size, dtype=prob.query_t.dtype,
+        out = torch.empty(prob.total_q, prob.num_heads, prob.head_size, dtype=prob.tdtype,
                           device="cuda")
         for (idx, *_), o in zip(items, run()):
             rows = [int(prob.cu[i]) for i in idx] if isinstance(idx, list) else None
@@ -245,71 +356,98 @@ def sdpa_caller(prob):
                 out[rows] = o[:, :, 0]
         return out
     run()                                   # settle the GQA fallback before timing
-    return run, output, "torch_sdpa_contiguous_grouped"
+    return run, output, "contiguous_grouped", {}
 
 
-def bench_case(case, q_lens, kv_lens, args, num_heads=32, num_kv_heads=8, head_size=128,
-               block_size=16, dtype="float16", tiling=None, sdpa=True):
+def flashinfer_caller(fi, prob, backend):
+    """FlashInfer's paged prefill on the problem's own pools and pages: ``plan()``
+    here (not timed), ``run()`` into a preallocated output."""
     import torch
 
-    import paged_numba as pn
+    cc = torch.cuda.get_device_capability()
+    if backend == "fa3" and cc != (9, 0):
+        raise RuntimeError(f"fa3 runs on sm90 only, this GPU is sm{cc[0]}{cc[1]}")
+    indptr, indices, last_page_len = csr_pages(prob.table_t, prob.kv_lens, prob.block_size)
+    qo_indptr = torch.as_tensor(prob.cu, device="cuda")
+    wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(flashinfer_workspace(), "NHD",
+                                                     backend=backend)
+    wrapper.plan(qo_indptr, indptr, indices, last_page_len, prob.num_heads, prob.num_kv_heads,
+                 prob.head_size, prob.block_size, causal=True, pos_encoding_mode="NONE",
+                 q_data_type=prob.tdtype, kv_data_type=prob.tdtype)
+    out = torch.empty_like(prob.query_t)
+    kv = (prob.k_pool, prob.v_pool)
 
-    prob = Problem(q_lens, kv_lens, num_heads, num_kv_heads, head_size, block_size, dtype)
-    plan = pn.PrefillPlan(prob.cache, prob.cu, np.asarray(kv_lens, np.int32), num_heads,
-                          causal=True, **(tiling or {}))
-    stream = torch.cuda.current_stream()
-    plan.run(prob.query, prob.table, stream=stream, validate=True)
-    torch.cuda.synchronize()
-    fl = flops(q_lens, kv_lens, num_heads, head_size)
+    def run():
+        return wrapper.run(prob.query_t, kv, out=out)
+    run()                                   # a backend that cannot run this shape raises here
+    return run, run, f"backend={backend}", {}
+
+
+def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
+    """Rows (dicts) of the implementations ``impls`` on one case; the ratio columns
+    are filled in by the caller."""
+    shape = {k: spec[k] for k in MODEL}
+    q_lens, kv_lens = spec["q_lens"], spec["kv_lens"]
+    prob = Problem(q_lens, kv_lens, **shape)
+    fl = flops(q_lens, kv_lens, spec["num_heads"], spec["head_size"])
     common = dict(case=case, batch=len(q_lens), q_tokens=sum(q_lens), kv_tokens=sum(kv_lens),
-                  pairs=admitted_pairs(q_lens, kv_lens), num_heads=num_heads,
-                  num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
-                  dtype=dtype)
+                  pairs=admitted_pairs(q_lens, kv_lens), **shape)
+    callers = {"paged_numba": lambda: numba_caller(prob, tiling),
+               "torch_sdpa": lambda: sdpa_caller(prob),
+               "flashinfer_fa2": lambda: flashinfer_caller(fi, prob, "fa2"),
+               "flashinfer_fa3": lambda: flashinfer_caller(fi, prob, "fa3")}
+    peers = [i for i in impls if i.startswith("flashinfer") and fi is not None]
+    wanted = [i for i in impls if not i.startswith("flashinfer")] + peers
+    if (args.check or peers) and "torch_sdpa" not in wanted:
+        wanted.insert(0, "torch_sdpa")      # the reference of the checks; timed only if asked
+    got = {}
+    for impl in wanted:
+        try:
+            got[impl] = callers[impl]()
+        except Exception as e:  # noqa: BLE001 - skip this implementation, keep the others
+            print(f"{impl} on {case}: skipped ({type(e).__name__}: {e})", flush=True)
+            if impl == "paged_numba":
+                traceback.print_exc()
+    ref = None
+    if "torch_sdpa" in got and (args.check or peers):
+        ref = got["torch_sdpa"][1]().float()
     rows = []
-    err = ""
-    sdpa_run = None
-    if sdpa or args.check:
+    for impl in [i for i in impls if i in got]:
+        run, output, detail, extra = got[impl]
+        err = ""
+        if ref is not None and impl != "torch_sdpa" and (args.check or impl in peers):
+            try:
+                err = float((output().float() - ref).abs().max())
+                ok = err < TOLERANCE[spec["dtype"]]
+                print(f"check {case}: max |{impl} - SDPA| = {err:.3g} {'ok' if ok else 'FAILED'}",
+                      flush=True)
+            except Exception:  # noqa: BLE001 - still time it
+                traceback.print_exc()
         try:
-            sdpa_run, sdpa_out, sdpa_name = sdpa_caller(prob)
-        except Exception:  # noqa: BLE001 - keep the paged_numba numbers
+            us = flushed_time(run, args.reps)
+        except Exception:  # noqa: BLE001 - keep the other implementations' rows
             traceback.print_exc()
-    if args.check and sdpa_run is not None:
-        try:
-            ours = torch.as_tensor(plan.run(prob.query, prob.table, stream=stream), device="cuda")
-            ref = sdpa_out()
-            torch.cuda.synchronize()
-            err = float((ours.float() - ref.float()).abs().max())
-            ok = err < 2e-2 if dtype != "float32" else err < 1e-4
-            print(f"check {case}: max |paged_numba - SDPA| = {err:.3g} "
-                  f"{'ok' if ok else 'FAILED'}", flush=True)
-        except Exception:  # noqa: BLE001 - still time it
-            traceback.print_exc()
-    us = event_time(lambda: plan.run(prob.query, prob.table, stream=stream), args.reps)
-    tiling_s = (f"hpb={plan.heads_per_block} bq={plan.block_q} bn={plan.block_n} "
-                f"warps={plan.num_warps} tiles={plan.num_tiles}")
-    rows.append(dict(common, impl="paged_numba", us=us, tflops=fl / us / 1e6,
-                     check_max_err=err, tiling=tiling_s, regs=kernel_regs(plan)))
-    if sdpa and sdpa_run is not None:
-        try:
-            us_s = event_time(sdpa_run, args.reps)
-            rows.append(dict(common, impl=sdpa_name, us=us_s, tflops=fl / us_s / 1e6,
-                             check_max_err="", tiling="", regs=""))
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-    torch.cuda.empty_cache()
+            continue
+        rows.append(dict(common, impl=impl, impl_detail=detail, us=us, tflops=fl / us / 1e6,
+                         check_max_err=err, **{"tiling": "", "regs": "", **extra}))
     return rows
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="headline", choices=["headline", "quick"])
+    ap.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases of the grid")
+    ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL",
+                    help=f"only these implementations (of {' '.join(IMPLS)})")
     ap.add_argument("--out", default="results/prefill_h200.csv")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--check", action="store_true",
-                    help="compare each case's output with torch SDPA before timing")
+                    help="compare each implementation's output with torch SDPA before timing "
+                         "(FlashInfer's is compared always)")
     ap.add_argument("--tuning", action="store_true",
                     help="time tilings (block_q, block_n, num_warps) on the cases, print only")
-    ap.add_argument("--selftest", action="store_true", help="check the FLOP formula; no GPU")
+    ap.add_argument("--selftest", action="store_true",
+                    help="check the FLOP formula, the cases and the CSR pages; no GPU")
     return ap.parse_args(argv)
 
 
@@ -330,34 +468,44 @@ def main():
     run_id = new_run_id()
     command = "python3 experiments/bench_prefill.py " + " ".join(sys.argv[1:])
     print(f"{gpu}: run {run_id}", flush=True)
+    todo = selected_cases(args)
     if args.tuning:
-        for case, (q_lens, kv_lens) in cases(args.grid).items():
-            for tiling in TILINGS:
-                try:
-                    r = bench_case(case, q_lens, kv_lens, args, tiling=tiling, sdpa=False)[0]
+        import inspect
+
+        import paged_numba as pn
+
+        # these are CUDA-core tilings: ask for that kernel where there is a choice
+        cc = ({"tensor_cores": False}
+              if "tensor_cores" in inspect.signature(pn.PrefillPlan).parameters else {})
+        for case, spec in todo.items():
+            for tiling in [dict(t, **cc) for t in TILINGS]:
+                for r in bench_case(case, spec, args, impls=["paged_numba"], tiling=tiling):
                     print(f"{case:>20} {r['tiling']:<40} {r['us']:10.1f} us "
                           f"{r['tflops']:6.2f} TFLOP/s regs={r['regs']}", flush=True)
-                except Exception:  # noqa: BLE001 - try the next tiling
-                    traceback.print_exc()
         return
+    fi = import_flashinfer() if any(i.startswith("flashinfer") for i in args.impls) else None
     rows = []
-    for case, (q_lens, kv_lens) in cases(args.grid).items():
+    for case, spec in todo.items():
         try:
-            got = bench_case(case, q_lens, kv_lens, args)
+            got = bench_case(case, spec, args, impls=args.impls, fi=fi)
         except Exception:  # noqa: BLE001 - keep the other cases' rows
             traceback.print_exc()
             continue
-        sdpa = [r["us"] for r in got if r["impl"].startswith("torch_sdpa")]
+        finally:
+            torch.cuda.empty_cache()        # the case's pools and copies are gone
+        times = {r["impl"]: r["us"] for r in got}
         for r in got:
             r.update(run_id=run_id, gpu=gpu, command=command,
-                     ratio_to_sdpa=r["us"] / sdpa[0] if sdpa else "")
-            ratio = r["ratio_to_sdpa"]
-            print(f"{r['impl']:>32} {case:>18} q={r['q_tokens']:<6} kv={r['kv_tokens']:<7} "
-                  f"{r['us']:10.1f} us {r['tflops']:7.2f} TFLOP/s "
-                  f"x{ratio if ratio == '' else round(ratio, 2)} SDPA  {r['tiling']} "
-                  f"regs={r['regs']}", flush=True)
+                     **{col: ratio(r["us"], times.get(peer)) for col, peer in PEERS.items()})
+            sdpa = r["ratio_to_sdpa"]
+            print(f"{r['impl']:>15} {case:>20} {r['us']:10.1f} us {r['tflops']:7.2f} TFLOP/s "
+                  f"x{'-' if sdpa == '' else round(sdpa, 2)} SDPA  {r['impl_detail']} "
+                  f"{r['tiling']} regs={r['regs']}", flush=True)
         rows += got
-    write_rows(args.out, FIELDS, rows, 3)
+        write_rows(args.out, FIELDS, rows, 3)   # after each case: a run cut short keeps them
+    if rows:
+        print_table(rows, ["case", "impl", "us", "tflops", "ratio_to_sdpa", "ratio_to_fa2",
+                           "ratio_to_fa3", "check_max_err"])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import numpy as np
 from . import _arrays, _launch
 from . import _validate as V
 from .attention import _int32_device, _padded, _variants
+from .kernels import prefill_tc
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
 from .page_tables import check_offsets
 
@@ -15,6 +16,28 @@ def _host_int(name, x):
     host = np.asarray(_arrays.to_host(x))
     V.check_int_array(name, host)
     return host.astype(np.int64)
+
+
+def uses_tensor_cores(cache, tensor_cores=None):
+    """Whether prefill over ``cache`` runs on tensor cores
+    (:mod:`paged_numba.kernels.prefill_tc`): by default where that kernel
+    applies (fp16/bf16 caches, head sizes 16, 32, 64, 128, 256); ``True``
+    insists (``ValueError`` where it does not apply), ``False`` declines.
+
+    >>> from paged_numba import PagedKVCache
+    >>> uses_tensor_cores(PagedKVCache(2, 4, 1, 64)), uses_tensor_cores(PagedKVCache(2, 4, 1, 72))
+    (True, False)
+    """
+    usable = prefill_tc.supports(cache.head_size, cache.dtype.name, cache.layout)
+    if tensor_cores is None:
+        return usable
+    if not isinstance(tensor_cores, (bool, np.bool_)):
+        raise ValueError(f"tensor_cores must be None, True or False, but got {tensor_cores!r}.")
+    if tensor_cores and not usable:
+        raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache and a head size in "
+                         f"(16, 32, 64, 128, 256), but got {cache.dtype.name}, head_size="
+                         f"{cache.head_size}.")
+    return bool(tensor_cores)
 
 
 def check_lengths(cu_seqlens_q, seq_lens, total_q):
@@ -132,10 +155,17 @@ class PrefillPlan:
         Query heads, a multiple of ``cache.num_kv_heads``.
     causal, scale, sliding_window, alibi_slopes, logits_soft_cap
         As in :func:`paged_prefill`.
+    tensor_cores : bool, optional
+        Run the tensor-core kernel (default: where it applies, see
+        :func:`uses_tensor_cores`).
     heads_per_block, block_q, block_n, num_warps : int, optional
         Tiling: query heads and query tokens per tile (``M =
         heads_per_block * block_q`` rows), keys per K/V tile, warps per
-        block. Defaults from :func:`paged_numba.kernels.prefill.prefill_config`.
+        block. Defaults from :func:`paged_numba.kernels.prefill.prefill_config`,
+        or :func:`paged_numba.kernels.prefill_tc.prefill_tc_config` on tensor
+        cores, where each warp owns 16 rows (``block_q = 16 * num_warps /
+        heads_per_block``: give ``num_warps`` or ``block_q``, not both) and
+        ``block_n`` is a multiple of 16.
 
     Examples
     --------
@@ -151,7 +181,8 @@ class PrefillPlan:
 
     def __init__(self, cache, cu_seqlens_q, seq_lens, num_heads, *, causal=True, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 heads_per_block=None, block_q=None, block_n=None, num_warps=None):
+                 tensor_cores=None, heads_per_block=None, block_q=None, block_n=None,
+                 num_warps=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         num_heads = int(num_heads)
@@ -178,19 +209,11 @@ class PrefillPlan:
         window = int(self._variants[2]) or None
         group = num_heads // cache.num_kv_heads
         max_q = int(self.q_lens.max(initial=1))
-        d_hpb, d_bq, d_bn, d_nw = prefill_config(cache.head_size, group, max_q)
-        self.heads_per_block = hpb = _knob("heads_per_block", heads_per_block, d_hpb)
-        self.block_q = _knob("block_q", block_q, d_bq)
-        self.block_n = _knob("block_n", block_n, d_bn)
-        self.num_warps = _knob("num_warps", num_warps, d_nw)
-        if group % hpb or hpb & (hpb - 1):
-            raise ValueError(f"heads_per_block must be a power of two dividing the GQA group size "
-                             f"{group}, but got {hpb}.")
-        need = shared_bytes(cache.head_size, hpb * self.block_q, self.block_n)
-        if need > SHARED_LIMIT:
-            raise ValueError(f"tile of {hpb * self.block_q} rows x {self.block_n} keys at head "
-                             f"size {cache.head_size} needs {need} bytes of shared memory, more "
-                             f"than {SHARED_LIMIT}.")
+        self.tensor_cores = uses_tensor_cores(cache, tensor_cores)
+        if self.tensor_cores:
+            self._tc_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
+        else:
+            self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
         self.num_tiles = int(tile_seq.size)
         self._cu = _arrays.as_device(cu.astype(np.int32), "cu_seqlens_q")[0]
@@ -201,11 +224,63 @@ class PrefillPlan:
         d = cache.head_size
         self.out = _arrays.zeros((self.total_q, num_heads, d), cache.dtype)
         self.lse = _arrays.zeros((self.total_q, num_heads), np.float32)
-        self._kernel = prefill_kernel(d, cache.block_size, hpb, self.block_q, self.block_n,
-                                      cache.dtype.name, cache.layout, self.num_warps)
-        self._grid = (self.num_tiles, num_heads // hpb)
+        if self.tensor_cores:
+            self._kernel = prefill_tc.prefill_tc_kernel(
+                d, cache.block_size, self.heads_per_block, self.block_n, cache.dtype.name,
+                cache.layout, self.num_warps)
+        else:
+            self._kernel = prefill_kernel(d, cache.block_size, self.heads_per_block, self.block_q,
+                                          self.block_n, cache.dtype.name, cache.layout,
+                                          self.num_warps)
+        self._grid = (self.num_tiles, num_heads // self.heads_per_block)
         self._inputs = None
         self._launch = None
+
+    def _heads_per_block(self, group, value, default):
+        hpb = _knob("heads_per_block", value, default)
+        if group % hpb or hpb & (hpb - 1):
+            raise ValueError(f"heads_per_block must be a power of two dividing the GQA group size "
+                             f"{group}, but got {hpb}.")
+        return hpb
+
+    def _cuda_core_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps):
+        d_hpb, d_bq, d_bn, d_nw = prefill_config(self.cache.head_size, group, max_q)
+        self.heads_per_block = hpb = self._heads_per_block(group, heads_per_block, d_hpb)
+        self.block_q = _knob("block_q", block_q, d_bq)
+        self.block_n = _knob("block_n", block_n, d_bn)
+        self.num_warps = _knob("num_warps", num_warps, d_nw)
+        need = shared_bytes(self.cache.head_size, hpb * self.block_q, self.block_n)
+        if need > SHARED_LIMIT:
+            raise ValueError(f"tile of {hpb * self.block_q} rows x {self.block_n} keys at head "
+                             f"size {self.cache.head_size} needs {need} bytes of shared memory, "
+                             f"more than {SHARED_LIMIT}.")
+
+    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps):
+        d_hpb, _, d_bn, d_nw = prefill_tc.prefill_tc_config(self.cache.head_size, group, max_q)
+        self.heads_per_block = hpb = self._heads_per_block(group, heads_per_block, d_hpb)
+        if block_q is not None and num_warps is not None:
+            raise ValueError(f"on tensor cores block_q follows from num_warps (16 rows a warp); "
+                             f"give one of them, but got block_q={block_q!r} and "
+                             f"num_warps={num_warps!r}.")
+        if block_q is not None:
+            bq = _knob("block_q", block_q, None)
+            if (bq * hpb) % 16:
+                raise ValueError(f"on tensor cores block_q * heads_per_block must be a multiple "
+                                 f"of 16 (rows of a warp), but got block_q={bq} with "
+                                 f"heads_per_block={hpb}.")
+            num_warps = bq * hpb // 16
+        self.num_warps = nw = _knob("num_warps", num_warps, d_nw)
+        self.block_q = 16 * nw // hpb
+        self.block_n = bn = _knob("block_n", block_n, d_bn)
+        if bn % 16:
+            raise ValueError(f"on tensor cores block_n must be a multiple of 16, but got {bn}.")
+        if nw > 16:
+            raise ValueError(f"num_warps must be at most 16, but got {nw}.")
+        need = prefill_tc.shared_bytes(self.cache.head_size, nw, bn)
+        if need > prefill_tc.MAX_SHARED_BYTES:
+            raise ValueError(f"tile of {16 * nw} rows x {bn} keys at head size "
+                             f"{self.cache.head_size} needs {need} bytes of shared memory, more "
+                             f"than {prefill_tc.MAX_SHARED_BYTES}.")
 
     def run(self, query, block_tables, *, stream=None, validate=False):
         """Launch prefill attention.
@@ -265,7 +340,8 @@ class PrefillPlan:
         return (f"PrefillPlan(num_seqs={self.num_seqs}, total_q={self.total_q}, "
                 f"num_heads={self.num_heads}, head_size={self.cache.head_size}, "
                 f"heads_per_block={self.heads_per_block}, block_q={self.block_q}, "
-                f"block_n={self.block_n}, num_warps={self.num_warps}, num_tiles={self.num_tiles})")
+                f"block_n={self.block_n}, num_warps={self.num_warps}, num_tiles={self.num_tiles}, "
+                f"tensor_cores={self.tensor_cores})")
 
 
 def _knob(name, value, default):
@@ -278,7 +354,7 @@ def _knob(name, value, default):
 
 def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causal=True,
                   scale=None, sliding_window=None, alibi_slopes=None, logits_soft_cap=None, *,
-                  return_lse=False, validate=True, **tiling):
+                  return_lse=False, validate=True, tensor_cores=None, **tiling):
     """Prefill attention over a paged KV cache: many query tokens per sequence.
 
     A batch may mix whole prompts, chunks of prompts that follow cached
@@ -318,6 +394,8 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
         Replace each logit ``s`` by ``c * tanh(s / c)`` first.
     return_lse : bool
         Also return the log-sum-exps ``[total_q, num_heads]`` float32.
+    tensor_cores : bool, optional
+        As in :class:`PrefillPlan`: default, tensor cores where they apply.
     validate : bool
         Check shapes, dtypes and table entries first. The lengths are always
         read on the host (the tile list is built from them); use
@@ -359,7 +437,7 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
                          f"{int(cu[-1])}.")
     plan = PrefillPlan(cache, cu, seq_lens, num_heads, causal=causal, scale=scale,
                        sliding_window=sliding_window, alibi_slopes=alibi_slopes,
-                       logits_soft_cap=logits_soft_cap, **tiling)
+                       logits_soft_cap=logits_soft_cap, tensor_cores=tensor_cores, **tiling)
     plan._pack((q, block_tables), validate)
     if plan.num_tiles:
         plan._launch(None)

@@ -260,6 +260,12 @@ TENSOR_CORE_U = 4 * U32
 # sequence of n tokens in ``steps`` steps is a sum of at most 2 n + 4 steps
 # terms; the split leaves the weights within (relative, absolute) of these:
 PV_WEIGHT_ERROR = {"float16": (2.0 ** -22, 2.0 ** -40), "bfloat16": (2.0 ** -16, 0.0)}
+# The tensor-core prefill kernel (``kernels.prefill_tc``) rounds each weight
+# p = exp2(z - m) <= 1 once to the cache's dtype before P @ V, to nearest:
+# relative error at most 2**-11 (fp16) or 2**-8 (bf16) of p, plus half the
+# subnormal spacing below the smallest normal (fp16: 2**-25; bf16 shares fp32's
+# range: 2**-134). The row sums use the unrounded fp32 weights.
+P_ROUNDING = {"float16": (2.0 ** -11, 2.0 ** -25), "bfloat16": (2.0 ** -8, 2.0 ** -134)}
 
 
 def config_id(config):
@@ -747,7 +753,7 @@ def prefill_problems(draw, head_sizes=(16, 32, 64, 128), block_sizes=(1, 4, 8, 1
 
 
 def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=None,
-                        transcendental_ulps=8, **variants):
+                        transcendental_ulps=8, tensor_cores=None, **variants):
     """:func:`attention_error_bound` for query rows at arbitrary positions.
 
     ``q [num_q, num_heads, head_size]`` at ``q_positions [num_q]``; ``k, v
@@ -762,6 +768,17 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     position ``L - 1`` that admits every key it equals
     :func:`attention_error_bound`.
 
+    With ``tensor_cores`` (the cache's dtype name, for
+    :mod:`paged_numba.kernels.prefill_tc`) the logits' dot products use
+    :data:`TENSOR_CORE_U`; each weight is rounded to that dtype before
+    ``P V`` (:data:`P_ROUNDING` ``(w_rel, w_abs)``: ``p (1 + d) + e``), which
+    moves the output by at most ``w_rel sum_j w_j |v_j| + w_abs sum_j |v_j|``
+    (the running rescales are at most 1 and the final row sum at least 1);
+    ``P V`` adds ``n`` products in at most ``n // 16 + 2`` mma k-steps, each
+    rounding its sum with C: ``gamma(n + 2 (n // 16 + 2), TENSOR_CORE_U)``,
+    beside the fp32 row sums' ``gamma(n + 2 num_merges + transcendental_ulps)``.
+    The log-sum-exp is ``(m + log2 l) ln 2``: two more roundings of ``|lse|``.
+
     Returns ``(bound [num_q, num_heads, head_size], bound_lse [num_q, num_heads])``;
     rows that admit no key get 0 (the kernel must return exact zeros there).
 
@@ -774,6 +791,8 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     causal : bool
     num_merges : int or array of int ``[num_q]``, optional
     transcendental_ulps : int
+    tensor_cores : {"float16", "bfloat16"}, optional
+        The dtype the tensor-core kernel rounds P to; None for fp32 products.
     **variants
         ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
 
@@ -802,7 +821,8 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     z = logits(q, k, scale, q_positions=qpos, causal=causal, **variants)     # [H, num_q, L]
     admitted = np.isfinite(z[0])                                             # [num_q, L]
     mags = np.einsum("qhd,khd->hqk", np.abs(q), np.abs(kr)) * abs(scale)
-    e_s = gamma(head_size + 2) * np.where(admitted[None], mags, 0).max(axis=2)   # [H, num_q]
+    dot_u = U32 if tensor_cores is None else TENSOR_CORE_U
+    e_s = gamma(head_size + 2, dot_u) * np.where(admitted[None], mags, 0).max(axis=2)  # [H, num_q]
     if variants.get("logits_soft_cap") is not None:
         e_s = e_s + transcendental_ulps * U32 * variants["logits_soft_cap"]
     if variants.get("alibi_slopes") is not None:
@@ -819,15 +839,22 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     lse = (np.log(total) + np.where(empty, 0, zmax))[..., 0]                # [H, num_q]
     spread = np.einsum("hqk,khd->qhd", w / total, np.abs(vr))              # sum_j w_j |v_jd|
     g = gamma(n + 2 * np.asarray(merges) + transcendental_ulps)             # [num_q]
-    bound = (2 * e_s.T + g[:, None])[..., None] * spread
-    bound_lse = e_s.T + g[:, None] + U32 * np.abs(lse.T)
+    if tensor_cores is None:
+        bound = (2 * e_s.T + g[:, None])[..., None] * spread
+        bound_lse = e_s.T + g[:, None] + U32 * np.abs(lse.T)
+    else:
+        w_rel, w_abs = P_ROUNDING[tensor_cores]
+        g_pv = g + gamma(n + 2 * (n // 16 + 2), TENSOR_CORE_U) + w_rel       # [num_q]
+        reach = np.einsum("hqk,khd->qhd", np.isfinite(z), np.abs(vr))       # sum_j |v_j|
+        bound = (2 * e_s.T + g_pv[:, None])[..., None] * spread + w_abs * reach
+        bound_lse = e_s.T + g[:, None] + 3 * U32 * np.abs(lse.T)
     dead = empty[..., 0].T                                                   # [num_q, H]
     bound[dead] = 0
     bound_lse[dead] = 0
     return bound, bound_lse
 
 
-def prefill_bounds(problem, q, k, v, scale=None, causal=True, **variants):
+def prefill_bounds(problem, q, k, v, scale=None, causal=True, tensor_cores=None, **variants):
     """:func:`prefill_error_bound` for every query row of a :class:`PrefillProblem`
     (``k``, ``v`` are ``"nhd"`` pools).
 
@@ -839,6 +866,8 @@ def prefill_bounds(problem, q, k, v, scale=None, causal=True, **variants):
     scale : float, optional
         Default ``1 / sqrt(head_size)``.
     causal : bool
+    tensor_cores : {"float16", "bfloat16"}, optional
+        As in :func:`prefill_error_bound`.
     **variants
         As in :func:`prefill_error_bound`.
 
@@ -870,11 +899,11 @@ def prefill_bounds(problem, q, k, v, scale=None, causal=True, **variants):
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
         pos = int(n) - (b - a) + np.arange(b - a)
         bound[a:b], bound_lse[a:b] = prefill_error_bound(q[a:b], kk, vv, scale, pos, causal,
-                                                         **variants)
+                                                         tensor_cores=tensor_cores, **variants)
     return bound, bound_lse
 
 
-def prefill_reference(problem, q, k, v, scale=None, causal=True, **variants):
+def prefill_reference(problem, q, k, v, scale=None, causal=True, tensor_cores=None, **variants):
     """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
     :class:`PrefillProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as
     in :func:`paged_numba.reference.logits`.
@@ -886,6 +915,8 @@ def prefill_reference(problem, q, k, v, scale=None, causal=True, **variants):
     k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each
     scale : float, optional
     causal : bool
+    tensor_cores : {"float16", "bfloat16"}, optional
+        Bounds for the tensor-core kernel (see :func:`prefill_error_bound`).
 
     Returns
     -------
@@ -914,4 +945,4 @@ def prefill_reference(problem, q, k, v, scale=None, causal=True, **variants):
         scale = 1.0 / math.sqrt(problem.head_size)
     out, lse = paged_prefill_reference(q, k, v, problem.block_tables, problem.cu_seqlens_q,
                                        problem.seq_lens, scale, "nhd", causal=causal, **variants)
-    return out, lse, *prefill_bounds(problem, q, k, v, scale, causal, **variants)
+    return out, lse, *prefill_bounds(problem, q, k, v, scale, causal, tensor_cores, **variants)

@@ -24,8 +24,12 @@ if SIM:
                   max_cached=24, max_seqs=3, max_kv_heads=2, groups=(1, 2, 4),
                   dtypes=("float16", "float32", "bfloat16"))
     CONFIGS = [{}]
-    TILINGS = st.fixed_dictionaries(dict(block_q=st.sampled_from([1, 2, 4]),
-                                         block_n=st.sampled_from([4, 8]), num_warps=st.just(1)))
+    # a CUDA-core tiling, or a tensor-core one (which the CUDA-core kernel also
+    # takes, with its default block_q, where tensor cores do not apply)
+    TILINGS = st.one_of(
+        st.fixed_dictionaries(dict(tensor_cores=st.just(False), block_q=st.sampled_from([1, 2, 4]),
+                                   block_n=st.sampled_from([4, 8]), num_warps=st.just(1))),
+        st.fixed_dictionaries(dict(block_n=st.sampled_from([16, 32]), num_warps=st.just(1))))
     EXAMPLES = 12
 else:
     # (the float64 reference and bound cost num_q x seq_len x head_size per head on the host)
@@ -35,9 +39,12 @@ else:
                for hs, dt, lay, g in itertools.product(
                    (64, 72, 128, 256), ("float16", "float32", "bfloat16"), ("nhd", "vllm"),
                    (1, 4, 8))]     # the layouts agree bit for bit (test below), so two suffice
-    TILINGS = st.just({})
+    TILINGS = st.sampled_from([{}, dict(tensor_cores=False)])   # the default kernel, or CUDA cores
     EXAMPLES = None          # the profile's count
-SMALL = dict(block_q=2, block_n=4, num_warps=1) if SIM else {}
+# one-warp tiles on the simulator: CUDA cores, tensor cores
+SMALL = dict(block_q=2, block_n=4, num_warps=1, tensor_cores=False) if SIM else dict(
+    tensor_cores=False)
+SMALL_TC = dict(block_n=16, num_warps=1, tensor_cores=True) if SIM else dict(tensor_cores=True)
 
 
 def _problem(q_lens, seq_lens, table, block_size, head_size=16, num_heads=2, num_kv_heads=1,
@@ -64,6 +71,19 @@ BLOCK_ONE = _problem([3, 2], [5, 2], [[4, 1, 6, 0, 3], [2, 5, -1, -1, -1]], 1)
 HEAD_72 = _problem([4], [6], [[1, 0]], 4, head_size=72, num_heads=1, dtype="float16")
 SEED_MIX_BF16 = _problem([10, 3, 1], [10, 4, 8], [[5, 0, 3], [1, -1, -1], [4, 2, -1]], 4,
                          num_heads=4, num_kv_heads=2, dtype="bfloat16", layout="vllm")
+SEED_MIX_F16 = _problem([10, 3, 1], [10, 4, 8], [[5, 0, 3], [1, -1, -1], [4, 2, -1]], 4,
+                        num_heads=4, num_kv_heads=2, dtype="float16", layout="hnd")
+# Tensor cores: 40 keys in 16-key tiles (3 tiles, the last partial), the diagonal
+# in the middle of a tile, a sliding window starting inside the first one.
+LONG_F16 = _problem([21, 1], [40, 33], [[9, 3, 0, 7, 5], [1, 8, 2, 4, 6]], 8, head_size=32,
+                    num_heads=2, dtype="float16")
+
+
+def rounding(cache, tiling):
+    """``tensor_cores`` argument of the bounds: the dtype P is rounded to where
+    the tensor-core kernel runs, else None."""
+    tc = pn.prefill.uses_tensor_cores(cache, (tiling or {}).get("tensor_cores"))
+    return cache.dtype.name if tc else None
 
 
 def run_prefill(p, causal=True, tiling=None, **variants):
@@ -72,26 +92,39 @@ def run_prefill(p, causal=True, tiling=None, **variants):
     cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
     out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
                                 causal=causal, return_lse=True, **variants, **(tiling or {}))
-    return (q, k, v), out, lse
+    return (q, k, v), out, lse, rounding(cache, tiling)
 
 
 def check_prefill(p, causal=True, tiling=None, **variants):
-    (q, k, v), out, lse = run_prefill(p, causal, tiling, **variants)
-    check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=causal, **variants))
+    (q, k, v), out, lse, tc = run_prefill(p, causal, tiling, **variants)
+    check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=causal, tensor_cores=tc,
+                                                    **variants))
     return out
 
 
-@pytest.mark.parametrize("p, causal", [(SEED_MIX, True), (SEED_MIX, False), (STRADDLE, True),
-                                       (BLOCK_ONE, True), (BLOCK_ONE, False), (HEAD_72, True),
-                                       (SEED_MIX_BF16, True)],
-                         ids=["seed-mix", "seed-mix-noncausal", "straddle", "block1",
-                              "block1-noncausal", "head72", "seed-mix-bf16-vllm"])
-def test_prefill_explicit_cases(p, causal):
-    check_prefill(p, causal, SMALL)
+@pytest.mark.parametrize("p, causal, tiling", [
+    (SEED_MIX, True, SMALL), (SEED_MIX, False, SMALL), (STRADDLE, True, SMALL),
+    (BLOCK_ONE, True, SMALL), (BLOCK_ONE, False, SMALL), (HEAD_72, True, SMALL),
+    (SEED_MIX_BF16, True, SMALL), (SEED_MIX_BF16, True, SMALL_TC), (SEED_MIX_F16, False, SMALL_TC),
+    (STRADDLE, True, SMALL_TC), (LONG_F16, True, SMALL_TC)],
+    ids=["seed-mix", "seed-mix-noncausal", "straddle", "block1", "block1-noncausal", "head72",
+         "seed-mix-bf16-vllm", "tc-seed-mix-bf16-vllm", "tc-seed-mix-f16-hnd-noncausal",
+         "tc-straddle", "tc-long"])
+def test_prefill_explicit_cases(p, causal, tiling):
+    check_prefill(p, causal, tiling)
+
+
+def test_tc_prefill_window_and_variants():
+    """Sliding window, ALiBi and soft cap on the tensor-core kernel; the window
+    starts inside a key tile, so the tiles before it are skipped and the first
+    one is masked."""
+    check_prefill(LONG_F16, True, SMALL_TC, sliding_window=19,
+                  alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)
+    check_prefill(LONG_F16, False, SMALL_TC, sliding_window=5)
 
 
 def test_seed_mix_default_tiling_and_variants():
-    out = check_prefill(SEED_MIX)
+    out = check_prefill(SEED_MIX, tiling=dict(tensor_cores=False))
     # the last query of the 10-token prompt sees all 10 keys, the decode token all 8
     assert SEED_MIX.cu_seqlens_q.tolist() == [0, 10, 13, 14]
     assert np.abs(out).max() > 0
@@ -142,9 +175,11 @@ def test_one_query_per_sequence_matches_decode(config, data):
     pre = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens, **extra)
     dec = pn.paged_decode(q, cache, p.block_tables, p.seq_lens, **extra)
     ref, _, bound, _ = prefill_reference(p, q, k, v, **extra)
-    check_close(pre, ref, bound)
+    bound_pre = prefill_reference(p, q, k, v, tensor_cores=rounding(cache, {}), **extra)[2]
+    check_close(pre, ref, bound_pre)
     check_close(dec, ref, bound * 2)   # decode's own bound counts its split-K merges too
-    check_close(pre, dec.astype(np.float64), 3 * bound + np.spacing(np.abs(ref)).astype(np.float64))
+    check_close(pre, dec.astype(np.float64),
+                bound_pre + 2 * bound + np.spacing(np.abs(ref)).astype(np.float64))
 
 
 @pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=config_id)

@@ -34,6 +34,10 @@ of ``M_j`` are its ``K`` index. All 32 lanes must call it together.
 ``M_j[r, 2c]`` and ``M_j[r, 2c+1]`` (the ``B`` fragment of ``mma_m16n8k16``
 when the rows of ``M_j`` are its ``N`` index).
 
+``pack_pair(dtype)`` returns ``pack(x0, x1) -> word``: the two float32 values
+rounded to nearest (even) in ``dtype`` and packed into one ``uint32``, ``x0`` in
+the low half (an mma A or B fragment word).
+
 ``split_pack(dtype)`` returns ``split(x0, x1) -> (hi, lo)``: the words of
 ``y = x * 2**15`` in ``dtype``, ``hi = round(y)`` and ``lo = round(y - hi)``,
 ``x0`` in the low half. ``hi + lo`` is ``y`` within ``2**-22 |y| + 2**-25``
@@ -122,6 +126,13 @@ if config.ENABLE_CUDASIM:
             return bits, np.uint32(bits << 16).view(np.float32)
         h = np.float16(y)
         return int(h.view(np.uint16)), np.float32(h)
+
+    @functools.cache
+    def pack_pair(dtype):
+        def pack(x0, x1):
+            lo, hi = (_round_half(np.float32(x), dtype)[0] for x in (x0, x1))
+            return lo | (hi << 16)
+        return pack
 
     @functools.cache
     def split_pack(dtype):
@@ -233,6 +244,25 @@ else:
         "bfloat16": ("cvt.rn.bf16x2.f32 $0, b, a;\n\tshl.b32 t, $0, 16;\n"
                      "\tand.b32 u, $0, 0xFFFF0000;\n\tmov.b32 x, t;\n\tmov.b32 y, u;\n"),
     }
+
+    @functools.cache
+    def pack_pair(dtype):
+        cvt = "cvt.rn.f16x2.f32" if dtype == "float16" else "cvt.rn.bf16x2.f32"
+        text = f"{cvt} $0, $2, $1;"      # the first source goes to the upper half
+
+        @intrinsic
+        def pack(typingctx, x0, x1):
+            sig = types.uint32(types.float32, types.float32)
+
+            def codegen(context, builder, sig_, args):
+                vals = [context.cast(builder, v, t, s)
+                        for v, t, s in zip(args, sig_.args, sig.args)]
+                fnty = ir.FunctionType(_U32, [_F32] * 2)
+                return builder.call(ir.InlineAsm(fnty, text, "=r,f,f"), vals)
+
+            return types.uint32(x0, x1), codegen
+
+        return pack
 
     @functools.cache
     def split_pack(dtype):

@@ -93,9 +93,24 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         for v_dtype in sorted({"float32", dtype}):      # split-K partials; merge_states input
             sig = (_arr(dtype, 3), _arr("float32", 2), _arr(v_dtype, 4), _arr("float32", 3))
             yield f"merge out={dtype} v={v_dtype}", merge_kernel(dtype, v_dtype), sig
-    from .prefill import prefill_specializations
+    from .prefill import prefill_signature, prefill_specializations
+    from .prefill_tc import prefill_tc_config, prefill_tc_kernel
 
     yield from prefill_specializations()
+    # the tensor-core prefill kernel at its default tilings: each head size, both
+    # dtypes, every layout, GQA groups 1 and 8, block sizes 1 and 16, a decode-like
+    # (one-warp) tile, and query fragments from shared memory at head size 128
+    points = [(hs, 4, "float16", "nhd", 16, None) for hs in (64, 128, 256)]
+    points += [(128, 4, dt, lay, 16, None) for dt, lay in itertools.product(
+        ("float16", "bfloat16"), LAYOUTS) if (dt, lay) != ("float16", "nhd")]
+    points += [(128, 1, "float16", "nhd", 1, None), (64, 8, "bfloat16", "hnd", 16, None),
+               (128, 4, "float16", "nhd", 16, 1), (128, 4, "float16", "vllm", 16, "qsmem")]
+    for hs, group, dtype, layout, bs, extra in points:
+        hpb, _, bn, nw = prefill_tc_config(hs, group, extra if isinstance(extra, int) else None)
+        opts = dict(q_in_regs=False) if extra == "qsmem" else {}
+        yield (f"prefill_tc hs={hs} group={group} {dtype} {layout} bs={bs} hpb={hpb} bn={bn} "
+               f"warps={nw} {opts}"), prefill_tc_kernel(hs, bs, hpb, bn, dtype, layout, nw,
+                                                        **opts), prefill_signature(dtype, layout)
 
 
 def _compile_slice(args):

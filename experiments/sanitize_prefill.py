@@ -1,0 +1,54 @@
+"""Run the tensor-core prefill kernel on small mixed batches, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck python3 experiments/sanitize_prefill.py
+    compute-sanitizer --tool racecheck python3 experiments/sanitize_prefill.py
+
+Each case is a batch with a whole prompt, a chunk after cached tokens and a
+decode token, in its own pool sized to exactly the blocks the tables use (so
+a read past a pool's end is an out-of-bounds access), checked against the
+float64 reference with the tensor-core error bound. Prints one line a case.
+"""
+import numpy as np
+
+import paged_numba as pn
+from paged_numba.testing import PrefillProblem, check_attention, prefill_reference
+
+CASES = [  # (head_size, block_size, layout, dtype, group, causal, sliding_window)
+    (128, 16, "nhd", "float16", 4, True, None),
+    (128, 16, "vllm", "bfloat16", 4, True, None),
+    (64, 1, "hnd", "float16", 8, True, 37),
+    (256, 16, "interleaved", "bfloat16", 1, False, None),
+    (128, 64, "nhd", "float16", 2, True, None),
+]
+
+
+def main():
+    rng = np.random.default_rng(0)
+    q_lens = [150, 70, 1]
+    seq_lens = [150, 230, 97]
+    for hs, bs, layout, dtype, group, causal, window in CASES:
+        used = [-(-n // bs) for n in seq_lens]
+        perm = rng.permutation(sum(used)).astype(np.int32)
+        table = np.full((len(used), max(used)), -1, np.int32)
+        start = 0
+        for i, u in enumerate(used):
+            table[i, :u] = perm[start:start + u]
+            start += u
+        p = PrefillProblem(num_seqs=3, num_heads=2 * group, num_kv_heads=2, head_size=hs,
+                           block_size=bs, num_blocks=sum(used), layout=layout, dtype=dtype,
+                           q_lens=np.asarray(q_lens, np.int32),
+                           seq_lens=np.asarray(seq_lens, np.int32), block_tables=table, seed=1)
+        q, k, v = p.arrays()
+        kc, vc = p.layout_pools(k, v)
+        cache = pn.PagedKVCache.from_host(kc, vc, layout)
+        out, lse = pn.paged_prefill(q, cache, table, p.cu_seqlens_q, p.seq_lens, causal=causal,
+                                    sliding_window=window, return_lse=True, tensor_cores=True)
+        check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=causal,
+                                                        sliding_window=window,
+                                                        tensor_cores=dtype))
+        print(f"ok hs={hs} bs={bs} {layout} {dtype} group={group} causal={causal} "
+              f"window={window}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

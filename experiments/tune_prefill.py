@@ -1,0 +1,156 @@
+"""Tune the tensor-core prefill kernel: time tilings and kernel options on one
+problem, check each against an fp32 SDPA of the same tokens, print a table.
+
+    python3 experiments/tune_prefill.py --case causal-8x2048 \
+        --variants w8n64 w4n64 w8n32 w8n64-qsmem w8n128 cuda-cores
+
+A variant is ``w<warps>n<block_n>`` plus options: ``-qsmem`` (query fragments
+re-read from shared memory each tile), ``-qregs``, ``-r<N>`` (at most N
+registers a thread), ``cuda-cores`` (the fp32 CUDA-core kernel, default
+tiling). Cases as in ``bench_prefill.py`` (fp16, 32 query / 8 KV heads, head
+size 128, block size 16, random block tables), plus ``--head-size``,
+``--dtype``, ``--block-size``.
+
+Timing: CUDA events around each launch, a 256 MB write between launches to
+flush L2, the median of ``--reps``; SDPA (contiguous K/V, ``is_causal``) is
+timed in the same process the same way.
+"""
+import argparse
+import re
+import statistics
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numba import cuda
+
+import paged_numba as pn
+from paged_numba import _launch
+from paged_numba.kernels import prefill_tc
+
+CASES = {"causal-8x2048": [2048] * 8, "causal-2x8192": [8192] * 2, "causal-1x16384": [16384],
+         "causal-4x512": [512] * 4}
+
+
+def timed(call, reps, flush):
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def make(lens, num_heads, num_kv_heads, head_size, block_size, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    used = [-(-n // block_size) for n in lens]
+    cache = pn.PagedKVCache(sum(used), block_size, num_kv_heads, head_size, dtype, "nhd")
+    tdtype = getattr(torch, dtype)
+    # bf16 pools hold bit patterns (uint16): view them as bf16 to fill them
+    k_pool = torch.as_tensor(cache.key_cache, device="cuda").view(tdtype)
+    v_pool = torch.as_tensor(cache.value_cache, device="cuda").view(tdtype)
+    k_pool.normal_(generator=gen)
+    v_pool.normal_(generator=gen)
+    perm = torch.randperm(sum(used), device="cuda", generator=gen).to(torch.int32)
+    table = torch.full((len(lens), max(used)), -1, dtype=torch.int32, device="cuda")
+    pos = 0
+    for i, u in enumerate(used):
+        table[i, :u] = perm[pos:pos + u]
+        pos += u
+    q = torch.randn(sum(lens), num_heads, head_size, dtype=tdtype, device="cuda", generator=gen)
+    return cache, k_pool, v_pool, table, q
+
+
+def sdpa_inputs(lens, k_pool, v_pool, table, q, block_size):
+    """Contiguous ``[batch, heads, seq, D]`` tensors (every sequence the same length)."""
+    n = lens[0]
+    used = -(-n // block_size)
+    ks, vs = [], []
+    for i in range(len(lens)):
+        blocks = table[i, :used].long()
+        ks.append(k_pool[blocks].reshape(-1, *k_pool.shape[2:])[:n].transpose(0, 1))
+        vs.append(v_pool[blocks].reshape(-1, *v_pool.shape[2:])[:n].transpose(0, 1))
+    qq = q.reshape(len(lens), n, *q.shape[1:]).transpose(1, 2).contiguous()
+    return qq, torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
+
+
+def variant_plan(name, cache, cu, lens, num_heads):
+    if name == "cuda-cores":
+        return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=False)
+    m = re.fullmatch(r"w(\d+)n(\d+)((?:-[a-z0-9]+)*)", name)
+    if not m:
+        raise SystemExit(f"bad variant {name!r}")
+    nw, bn, opts = int(m.group(1)), int(m.group(2)), m.group(3).split("-")[1:]
+    plan = pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=True, num_warps=nw,
+                          block_n=bn)
+    extra = {}
+    for o in opts:
+        if o == "qsmem":
+            extra["q_in_regs"] = False
+        elif o == "qregs":
+            extra["q_in_regs"] = True
+        elif o.startswith("r"):
+            extra["max_registers"] = int(o[1:])
+    if extra:
+        plan._kernel = prefill_tc.prefill_tc_kernel(
+            cache.head_size, cache.block_size, plan.heads_per_block, bn, cache.dtype.name,
+            cache.layout, nw, **extra)
+    return plan
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", default="causal-8x2048", choices=sorted(CASES))
+    ap.add_argument("--variants", nargs="+", default=["w8n64", "w4n64"])
+    ap.add_argument("--head-size", type=int, default=128)
+    ap.add_argument("--heads", type=int, nargs=2, default=(32, 8))
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    lens = CASES[args.case]
+    H, Hk = args.heads
+    cache, k_pool, v_pool, table, q = make(lens, H, Hk, args.head_size, args.block_size,
+                                           args.dtype)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    seq_lens = np.asarray(lens, np.int32)
+    flops = 4 * args.head_size * H * sum(n * (n + 1) // 2 for n in lens)
+    flush = torch.empty(2**28 // 4, dtype=torch.float32, device="cuda")
+    qq, kk, vv = sdpa_inputs(lens, k_pool, v_pool, table, q, args.block_size)
+    ref = F.scaled_dot_product_attention(qq.float(), kk.float(), vv.float(), is_causal=True,
+                                         enable_gqa=True)
+    ref = ref.transpose(1, 2).reshape(q.shape)
+    us = timed(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True,
+                                                      enable_gqa=True), args.reps, flush)
+    print(f"{torch.cuda.get_device_name()} {args.case} hs={args.head_size} {args.dtype} "
+          f"bs={args.block_size} heads={H}/{Hk}: {flops / 1e9:.1f} GFLOP", flush=True)
+    print(f"{'torch_sdpa':>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
+    store = torch.uint16 if args.dtype == "bfloat16" else q.dtype
+    dq, dt = cuda.as_cuda_array(q.view(store)), cuda.as_cuda_array(table)
+    for name in args.variants:
+        try:
+            plan = variant_plan(name, cache, cu, seq_lens, H)
+            out = torch.as_tensor(plan.run(dq, dt, validate=True), device="cuda").view(q.dtype)
+            torch.cuda.synchronize()
+            rel = float((out.float() - ref).norm() / ref.norm())
+            worst = float((out.float() - ref).abs().max())
+            us = timed(lambda: plan.run(dq, dt), args.reps, flush)
+            kern = next(iter(plan._kernel.overloads.values()))
+            regs = kern.regs_per_thread
+            spill = getattr(kern, "local_mem_per_thread", "")
+            print(f"{name:>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s  rel {rel:.2e} "
+                  f"max {worst:.2e}  regs {regs} local {spill} "
+                  f"smem {_launch.dynamic_shared(plan._kernel)}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - try the next variant
+            print(f"{name:>24} failed: {exc!r}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
