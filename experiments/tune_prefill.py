@@ -4,12 +4,21 @@ problem, check each against an fp32 SDPA of the same tokens, print a table.
     python3 experiments/tune_prefill.py --case causal-8x2048 \
         --variants w8n64 w4n64 w8n32 w8n64-qsmem w8n128 cuda-cores
 
-A variant is ``w<warps>n<block_n>`` plus options: ``-qsmem`` (query fragments
-re-read from shared memory each tile), ``-qregs``, ``-r<N>`` (at most N
-registers a thread), ``cuda-cores`` (the fp32 CUDA-core kernel, default
-tiling). Cases as in ``bench_prefill.py`` (fp16, 32 query / 8 KV heads, head
-size 128, block size 16, random block tables), plus ``--head-size``,
-``--dtype``, ``--block-size``.
+A variant is ``w<warps>n<block_n>`` plus options of the tensor-core kernel:
+``-qsmem`` / ``-qregs`` (query fragments re-read from shared memory each tile,
+or kept in registers), ``-r<N>`` (at most N registers a thread), ``-fx``
+(``fast_exp2``), ``-fma`` (``fma_softmax``), ``-tok`` (``token_copies``),
+``-mt2`` (``m_tiles=2``: 32 rows a warp), ``-h<N>`` (N query heads a tile,
+up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
+decode); or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
+
+Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
+16, random block tables, as in ``bench_prefill.py``) and ``decode-64x4096``
+(one query a sequence, e.g. ``--heads 32 1`` for MQA), with ``--head-size``,
+``--dtype``, ``--block-size``, ``--heads``.
+
+    python3 experiments/tune_prefill.py --case decode-64x4096 --heads 32 1 \
+        --variants w1n64 w2n64-h32 w2n128-h32
 
 Timing: CUDA events around each launch, a 256 MB write between launches to
 flush L2, the median of ``--reps``; SDPA (contiguous K/V, ``is_causal``) is
@@ -26,10 +35,12 @@ from numba import cuda
 
 import paged_numba as pn
 from paged_numba import _launch
-from paged_numba.kernels import prefill_tc
 
-CASES = {"causal-8x2048": [2048] * 8, "causal-2x8192": [8192] * 2, "causal-1x16384": [16384],
-         "causal-4x512": [512] * 4}
+# case: (number of sequences, query tokens each, keys each); a decode case's one
+# query sees every key (bottom-right causal)
+CASES = {"causal-8x2048": (8, 2048, 2048), "causal-2x8192": (2, 8192, 8192),
+         "causal-1x16384": (1, 16384, 16384), "causal-4x512": (4, 512, 512),
+         "decode-64x4096": (64, 1, 4096)}
 
 
 def timed(call, reps, flush):
@@ -48,7 +59,7 @@ def timed(call, reps, flush):
     return statistics.median(times)
 
 
-def make(lens, num_heads, num_kv_heads, head_size, block_size, dtype, seed=0):
+def make(q_len, lens, num_heads, num_kv_heads, head_size, block_size, dtype, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     used = [-(-n // block_size) for n in lens]
     cache = pn.PagedKVCache(sum(used), block_size, num_kv_heads, head_size, dtype, "nhd")
@@ -64,11 +75,12 @@ def make(lens, num_heads, num_kv_heads, head_size, block_size, dtype, seed=0):
     for i, u in enumerate(used):
         table[i, :u] = perm[pos:pos + u]
         pos += u
-    q = torch.randn(sum(lens), num_heads, head_size, dtype=tdtype, device="cuda", generator=gen)
+    q = torch.randn(q_len * len(lens), num_heads, head_size, dtype=tdtype, device="cuda",
+                    generator=gen)
     return cache, k_pool, v_pool, table, q
 
 
-def sdpa_inputs(lens, k_pool, v_pool, table, q, block_size):
+def sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, block_size):
     """Contiguous ``[batch, heads, seq, D]`` tensors (every sequence the same length)."""
     n = lens[0]
     used = -(-n // block_size)
@@ -77,32 +89,35 @@ def sdpa_inputs(lens, k_pool, v_pool, table, q, block_size):
         blocks = table[i, :used].long()
         ks.append(k_pool[blocks].reshape(-1, *k_pool.shape[2:])[:n].transpose(0, 1))
         vs.append(v_pool[blocks].reshape(-1, *v_pool.shape[2:])[:n].transpose(0, 1))
-    qq = q.reshape(len(lens), n, *q.shape[1:]).transpose(1, 2).contiguous()
+    qq = q.reshape(len(lens), q_len, *q.shape[1:]).transpose(1, 2).contiguous()
     return qq, torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
+
+
+OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
+           "fx": ("fast_exp2", True), "fma": ("fma_softmax", True), "tok": ("token_copies", True),
+           "mt2": ("m_tiles", 2)}
 
 
 def variant_plan(name, cache, cu, lens, num_heads):
     if name == "cuda-cores":
         return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=False)
     m = re.fullmatch(r"w(\d+)n(\d+)((?:-[a-z0-9]+)*)", name)
+    hpb = None
     if not m:
         raise SystemExit(f"bad variant {name!r}")
     nw, bn, opts = int(m.group(1)), int(m.group(2)), m.group(3).split("-")[1:]
-    plan = pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=True, num_warps=nw,
-                          block_n=bn)
-    extra = {}
+    options = {}
     for o in opts:
-        if o == "qsmem":
-            extra["q_in_regs"] = False
-        elif o == "qregs":
-            extra["q_in_regs"] = True
-        elif o.startswith("r"):
-            extra["max_registers"] = int(o[1:])
-    if extra:
-        plan._kernel = prefill_tc.prefill_tc_kernel(
-            cache.head_size, cache.block_size, plan.heads_per_block, bn, cache.dtype.name,
-            cache.layout, nw, **extra)
-    return plan
+        if o in OPTIONS:
+            options[OPTIONS[o][0]] = OPTIONS[o][1]
+        elif re.fullmatch(r"r\d+", o):
+            options["max_registers"] = int(o[1:])
+        elif re.fullmatch(r"h\d+", o):
+            hpb = int(o[1:])
+        else:
+            raise SystemExit(f"bad option {o!r} in {name!r}")
+    return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=True, num_warps=nw,
+                          block_n=bn, heads_per_block=hpb, kernel_options=options)
 
 
 def main():
@@ -115,19 +130,22 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
-    lens = CASES[args.case]
+    batch, q_len, kv_len = CASES[args.case]
+    lens = [kv_len] * batch
     H, Hk = args.heads
-    cache, k_pool, v_pool, table, q = make(lens, H, Hk, args.head_size, args.block_size,
+    cache, k_pool, v_pool, table, q = make(q_len, lens, H, Hk, args.head_size, args.block_size,
                                            args.dtype)
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu = (np.arange(batch + 1) * q_len).astype(np.int32)
     seq_lens = np.asarray(lens, np.int32)
-    flops = 4 * args.head_size * H * sum(n * (n + 1) // 2 for n in lens)
+    pairs = batch * (q_len * (kv_len - q_len) + q_len * (q_len + 1) // 2)
+    flops = 4 * args.head_size * H * pairs
     flush = torch.empty(2**28 // 4, dtype=torch.float32, device="cuda")
-    qq, kk, vv = sdpa_inputs(lens, k_pool, v_pool, table, q, args.block_size)
-    ref = F.scaled_dot_product_attention(qq.float(), kk.float(), vv.float(), is_causal=True,
+    qq, kk, vv = sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, args.block_size)
+    causal = q_len > 1          # (q_len == kv_len then; one query sees every key)
+    ref = F.scaled_dot_product_attention(qq.float(), kk.float(), vv.float(), is_causal=causal,
                                          enable_gqa=True)
     ref = ref.transpose(1, 2).reshape(q.shape)
-    us = timed(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True,
+    us = timed(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal,
                                                       enable_gqa=True), args.reps, flush)
     print(f"{torch.cuda.get_device_name()} {args.case} hs={args.head_size} {args.dtype} "
           f"bs={args.block_size} heads={H}/{Hk}: {flops / 1e9:.1f} GFLOP", flush=True)

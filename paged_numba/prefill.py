@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from . import _arrays, _launch
+from . import _arrays, _launch, _simulator
 from . import _validate as V
 from .attention import _int32_device, _padded, _variants
 from .kernels import prefill_tc
@@ -163,9 +163,15 @@ class PrefillPlan:
         heads_per_block * block_q`` rows), keys per K/V tile, warps per
         block. Defaults from :func:`paged_numba.kernels.prefill.prefill_config`,
         or :func:`paged_numba.kernels.prefill_tc.prefill_tc_config` on tensor
-        cores, where each warp owns 16 rows (``block_q = 16 * num_warps /
+        cores (on the simulator: one warp and 16-key tiles). On tensor cores
+        each warp owns 16 rows (``block_q = 16 * num_warps /
         heads_per_block``: give ``num_warps`` or ``block_q``, not both) and
         ``block_n`` is a multiple of 16.
+    kernel_options : dict, optional
+        Keyword arguments of the tensor-core kernel's factory
+        (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
+        ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``), for
+        studying its variants; an error on CUDA cores.
 
     Examples
     --------
@@ -182,7 +188,7 @@ class PrefillPlan:
     def __init__(self, cache, cu_seqlens_q, seq_lens, num_heads, *, causal=True, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  tensor_cores=None, heads_per_block=None, block_q=None, block_n=None,
-                 num_warps=None):
+                 num_warps=None, kernel_options=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         num_heads = int(num_heads)
@@ -210,8 +216,21 @@ class PrefillPlan:
         group = num_heads // cache.num_kv_heads
         max_q = int(self.q_lens.max(initial=1))
         self.tensor_cores = uses_tensor_cores(cache, tensor_cores)
+        options = dict(kernel_options or {})
+        if options and not self.tensor_cores:
+            raise ValueError(f"kernel_options apply to the tensor-core kernel, but this plan runs "
+                             f"on CUDA cores; got {options!r}.")
+        known = {"q_in_regs", "max_registers", "fast_exp2", "fma_softmax", "token_copies",
+                 "m_tiles"}
+        if set(options) - known:
+            raise ValueError(f"kernel_options may hold {sorted(known)}, but got "
+                             f"{sorted(set(options) - known)}.")
+        if options.get("m_tiles", 1) not in (1, 2):
+            raise ValueError(f"kernel_options['m_tiles'] must be 1 or 2, but got "
+                             f"{options['m_tiles']!r}.")
         if self.tensor_cores:
-            self._tc_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
+            self._tc_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps,
+                            options.get("m_tiles", 1))
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -227,7 +246,7 @@ class PrefillPlan:
         if self.tensor_cores:
             self._kernel = prefill_tc.prefill_tc_kernel(
                 d, cache.block_size, self.heads_per_block, self.block_n, cache.dtype.name,
-                cache.layout, self.num_warps)
+                cache.layout, self.num_warps, **options)
         else:
             self._kernel = prefill_kernel(d, cache.block_size, self.heads_per_block, self.block_q,
                                           self.block_n, cache.dtype.name, cache.layout,
@@ -255,30 +274,38 @@ class PrefillPlan:
                              f"size {self.cache.head_size} needs {need} bytes of shared memory, "
                              f"more than {SHARED_LIMIT}.")
 
-    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps):
+    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles=1):
         d_hpb, _, d_bn, d_nw = prefill_tc.prefill_tc_config(self.cache.head_size, group, max_q)
+        if _simulator.simulator_enabled():
+            # one warp, 16-key tiles: the simulator runs each thread in Python and
+            # each mma as a rendezvous of 32 of them, so the GPU's tiles cost minutes there
+            d_bn, d_nw = 16, 1
         self.heads_per_block = hpb = self._heads_per_block(group, heads_per_block, d_hpb)
+        rows = 16 * m_tiles                 # rows a warp
         if block_q is not None and num_warps is not None:
-            raise ValueError(f"on tensor cores block_q follows from num_warps (16 rows a warp); "
-                             f"give one of them, but got block_q={block_q!r} and "
+            raise ValueError(f"on tensor cores block_q follows from num_warps ({rows} rows a "
+                             f"warp); give one of them, but got block_q={block_q!r} and "
                              f"num_warps={num_warps!r}.")
         if block_q is not None:
             bq = _knob("block_q", block_q, None)
-            if (bq * hpb) % 16:
+            if (bq * hpb) % rows:
                 raise ValueError(f"on tensor cores block_q * heads_per_block must be a multiple "
-                                 f"of 16 (rows of a warp), but got block_q={bq} with "
+                                 f"of {rows} (rows of a warp), but got block_q={bq} with "
                                  f"heads_per_block={hpb}.")
-            num_warps = bq * hpb // 16
+            num_warps = bq * hpb // rows
         self.num_warps = nw = _knob("num_warps", num_warps, d_nw)
-        self.block_q = 16 * nw // hpb
+        if (rows * nw) % hpb:
+            raise ValueError(f"heads_per_block={hpb} must divide the tile's {rows * nw} rows "
+                             f"({rows} a warp x num_warps={nw}).")
+        self.block_q = rows * nw // hpb
         self.block_n = bn = _knob("block_n", block_n, d_bn)
         if bn % 16:
             raise ValueError(f"on tensor cores block_n must be a multiple of 16, but got {bn}.")
         if nw > 16:
             raise ValueError(f"num_warps must be at most 16, but got {nw}.")
-        need = prefill_tc.shared_bytes(self.cache.head_size, nw, bn)
+        need = prefill_tc.shared_bytes(self.cache.head_size, nw, bn, m_tiles)
         if need > prefill_tc.MAX_SHARED_BYTES:
-            raise ValueError(f"tile of {16 * nw} rows x {bn} keys at head size "
+            raise ValueError(f"tile of {rows * nw} rows x {bn} keys at head size "
                              f"{self.cache.head_size} needs {need} bytes of shared memory, more "
                              f"than {prefill_tc.MAX_SHARED_BYTES}.")
 

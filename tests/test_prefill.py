@@ -73,6 +73,10 @@ SEED_MIX_BF16 = _problem([10, 3, 1], [10, 4, 8], [[5, 0, 3], [1, -1, -1], [4, 2,
                          num_heads=4, num_kv_heads=2, dtype="bfloat16", layout="vllm")
 SEED_MIX_F16 = _problem([10, 3, 1], [10, 4, 8], [[5, 0, 3], [1, -1, -1], [4, 2, -1]], 4,
                         num_heads=4, num_kv_heads=2, dtype="float16", layout="hnd")
+# MQA-like decode: 16 query heads on one KV head, one query token a sequence, all
+# 16 heads in the 16 rows of one warp's tile (each K/V element read once)
+MQA_DECODE_F16 = _problem([1, 1], [23, 9], [[3, 0, 5], [1, 4, -1]], 8, num_heads=16,
+                          dtype="float16")
 # Tensor cores: 40 keys in 16-key tiles (3 tiles, the last partial), the diagonal
 # in the middle of a tile, a sliding window starting inside the first one.
 LONG_F16 = _problem([21, 1], [40, 33], [[9, 3, 0, 7, 5], [1, 8, 2, 4, 6]], 8, head_size=32,
@@ -106,10 +110,12 @@ def check_prefill(p, causal=True, tiling=None, **variants):
     (SEED_MIX, True, SMALL), (SEED_MIX, False, SMALL), (STRADDLE, True, SMALL),
     (BLOCK_ONE, True, SMALL), (BLOCK_ONE, False, SMALL), (HEAD_72, True, SMALL),
     (SEED_MIX_BF16, True, SMALL), (SEED_MIX_BF16, True, SMALL_TC), (SEED_MIX_F16, False, SMALL_TC),
-    (STRADDLE, True, SMALL_TC), (LONG_F16, True, SMALL_TC)],
+    (STRADDLE, True, SMALL_TC), (LONG_F16, True, SMALL_TC),
+    (LONG_F16, True, dict(SMALL_TC, block_n=32, num_warps=2) if SIM else SMALL_TC),
+    (MQA_DECODE_F16, True, dict(SMALL_TC, heads_per_block=16, num_warps=1))],
     ids=["seed-mix", "seed-mix-noncausal", "straddle", "block1", "block1-noncausal", "head72",
          "seed-mix-bf16-vllm", "tc-seed-mix-bf16-vllm", "tc-seed-mix-f16-hnd-noncausal",
-         "tc-straddle", "tc-long"])
+         "tc-straddle", "tc-long", "tc-long-two-warps", "tc-mqa-decode-16-heads-a-tile"])
 def test_prefill_explicit_cases(p, causal, tiling):
     check_prefill(p, causal, tiling)
 
@@ -121,6 +127,26 @@ def test_tc_prefill_window_and_variants():
     check_prefill(LONG_F16, True, SMALL_TC, sliding_window=19,
                   alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)
     check_prefill(LONG_F16, False, SMALL_TC, sliding_window=5)
+
+
+@pytest.mark.parametrize("options", [
+    dict(fast_exp2=True), dict(fma_softmax=True), dict(token_copies=True), dict(q_in_regs=True),
+    dict(m_tiles=2), dict(fast_exp2=True, fma_softmax=True, token_copies=True, m_tiles=2)],
+    ids=["fast-exp2", "fma-softmax", "token-copies", "q-in-regs", "two-m-tiles", "all"])
+def test_tc_prefill_kernel_options(options):
+    """The tensor-core kernel's research options stay within the same bound; all
+    of them together also with the variants that turn ``fma_softmax`` off, and
+    in bf16."""
+    tiling = dict(SMALL_TC, kernel_options=options)
+    check_prefill(LONG_F16, True, tiling)
+    if len(options) > 1:
+        check_prefill(SEED_MIX_BF16, False, tiling)
+        check_prefill(LONG_F16, True, tiling, sliding_window=19,
+                      alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)
+    with pytest.raises(ValueError, match=r"kernel_options may hold .* but got \['unrolled'\]"):
+        check_prefill(LONG_F16, True, dict(SMALL_TC, kernel_options=dict(unrolled=True)))
+    with pytest.raises(ValueError, match="kernel_options apply to the tensor-core kernel"):
+        check_prefill(SEED_MIX, True, dict(SMALL, kernel_options=options))
 
 
 def test_seed_mix_default_tiling_and_variants():

@@ -4,7 +4,8 @@ Computes what ``kernels.prefill`` computes (see its NumPy spec: the same
 arguments, grid, outputs and variants) with both products on tensor cores,
 FlashAttention-2's loop order and work split:
 
-* a thread block owns one *tile* of ``M = 16 * NW`` rows: ``BQ`` consecutive
+* a thread block owns one *tile* of ``M = 16 * NW`` rows (``32 * NW`` with
+  ``m_tiles=2``): ``BQ`` consecutive
   query tokens of one sequence times the ``HPB`` query heads of one GQA group
   (row ``r`` is token ``r // HPB``, head ``r % HPB``), so each K/V element is
   read once for the whole group; warp ``w`` owns rows ``16 w .. 16 w + 15``
@@ -53,6 +54,7 @@ from .access import device_function, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
 from .decode import LOG2E, STORAGE, lane_reducer
 from .convert import codec
+from .fastmath import exp2_approx
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, pack_pair
 
 FULL_MASK = 0xFFFFFFFF
@@ -72,14 +74,14 @@ def supports(head_size, dtype, layout):
             and head_size & (head_size - 1) == 0)
 
 
-def shared_bytes(head_size, num_warps, block_n):
-    """Dynamic shared memory of one block: the queries and the K/V ring, 2 bytes
-    an element.
+def shared_bytes(head_size, num_warps, block_n, m_tiles=1):
+    """Dynamic shared memory of one block: the queries (``16 * m_tiles`` rows a
+    warp) and the K/V ring, 2 bytes an element.
 
     >>> shared_bytes(128, 8, 64)           # 128 query rows + 2 stages of 64 keys and values
     98304
     """
-    return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
+    return 2 * head_size * (16 * m_tiles * num_warps + STAGES * 2 * block_n)
 
 
 def prefill_tc_config(head_size, group_size, max_q_len=None):
@@ -111,15 +113,30 @@ def prefill_tc_config(head_size, group_size, max_q_len=None):
 
 @functools.cache
 def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
-                      num_warps=8, q_in_regs=None, max_registers=None):
+                      num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
+                      fma_softmax=False, token_copies=False, m_tiles=1):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
-    num_warps // heads_per_block`` and ``32 * num_warps`` threads; the launch
-    needs ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared
+    m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
+    launch needs ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared
     memory. ``q_in_regs`` keeps the query fragments in registers for the whole
     loop instead of re-reading them from shared memory each tile (default: up
-    to head size 128, where it measured 3-5% faster on the H200); ``max_registers`` caps the registers per thread. Neither
-    changes the arithmetic."""
+    to head size 128, where it measured 3-5% faster on the H200);
+    ``max_registers`` caps the registers per thread. Neither changes the
+    arithmetic.
+
+    Three options cut instructions from the loop (off by default until timed):
+    ``fast_exp2`` takes each exponential as one ``ex2.approx.ftz`` (weights
+    below ``2**-126`` of the row's largest become 0); ``fma_softmax``, where
+    there is no soft cap or ALiBi and ``scale > 0``, keeps the logits unscaled
+    and folds the scale into the exponent's argument (one FFMA a logit, in
+    place of a multiply and a subtract); ``token_copies`` has each thread copy
+    whole stretches of one token's row (``32 * num_warps / block_n`` threads a
+    token), so the table lookup and address arithmetic are done once a token
+    instead of once a chunk. ``m_tiles=2`` gives each warp 32 rows (two m16
+    tiles) instead of 16, as FlashAttention-2 does: each K and V fragment read
+    from shared memory feeds two products instead of one, for twice the
+    accumulator registers; the arithmetic of each row is unchanged."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -127,7 +144,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     BLOCK_SIZE = block_size
     HPB = heads_per_block
     NW = num_warps
-    M = 16 * NW                           # rows of a tile
+    MT = int(m_tiles)                     # 16-row m-tiles a warp
+    M = 16 * MT * NW                      # rows of a tile
     BQ = M // HPB                         # query tokens of a tile
     BN = block_n
     NT = 32 * NW
@@ -152,6 +170,16 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     # each thread copies chunk tid % NCH of rows tid // NCH + u NT / NCH, all at
     # the same swizzle, so its slots differ by constants
     FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % (SWZ + 1) == 0
+    # token_copies: TPT threads a token (or TOKS tokens a thread), CPTOK chunks each
+    TPT = max(1, NT // BN)
+    TOKS = max(1, BN // NT)
+    CPTOK = NCH // TPT
+    if token_copies and (TPT > NCH or NCH % TPT):
+        raise ValueError(f"token_copies needs 32 * num_warps / block_n <= head_size / 8 threads "
+                         f"a token, but got {TPT} for head_size={D}, block_n={BN}, "
+                         f"num_warps={NW}")
+    exp2 = exp2_approx if fast_exp2 else math.exp2
+    FMA = bool(fma_softmax)
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     SMEM_T = STORAGE[dtype]
     k_flat, v_flat = vector_offsets(layout, 8, BLOCK_SIZE, D)
@@ -185,11 +213,13 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     def strider(flat):
         @device_function
         def strides(pool, kvh, ch):
-            """``(base, block stride, token stride)`` in elements of chunk ``ch``
-            of KV head ``kvh``'s rows in ``pool``: int32 (a block's elements fit)."""
+            """``(base, block stride, token stride, chunk stride)`` in elements of
+            chunk ``ch`` of KV head ``kvh``'s rows in ``pool``: int32 (a block's
+            elements fit)."""
             b0 = flat(pool, 0, kvh, 0, ch)
             return (int32(b0), int32(flat(pool, 1, kvh, 0, ch) - b0),
-                    int32(flat(pool, 0, kvh, 1, ch) - b0))
+                    int32(flat(pool, 0, kvh, 1, ch) - b0),
+                    int32(flat(pool, 0, kvh, 0, ch + 1) - b0))
         return strides
 
     k_strides = strider(k_flat)
@@ -200,6 +230,33 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         """``block * stride`` (both non-negative int32) as int64: one 32 x 32 -> 64
         multiply."""
         return int64(uint32(block)) * int64(uint32(stride))
+
+    @device_function
+    def issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
+                       tid, kstr, vstr):
+        """``issue_tile`` with each thread copying chunks ``tid % TPT + TPT j`` of
+        tokens ``tid // TPT + k NT / TPT``: one table lookup a token."""
+        kbase = KV_OFF + 2 * stage * BN * D
+        vbase = kbase + BN * D
+        c0 = tid % TPT
+        for k in range(TOKS):
+            n = tid // TPT + k * (NT // TPT)
+            t = int32(min(max(kt + n, lo), last))
+            b = int32(uint32(t) // uint32(BLOCK_SIZE))
+            blk = block_tables[seq, b]
+            off = int32(t - b * BLOCK_SIZE)
+            ka = wide(blk, kstr[1]) + (kstr[0] + off * kstr[2])
+            va = wide(blk, vstr[1]) + (vstr[0] + off * vstr[2])
+            for j in range(CPTOK):
+                ch = c0 + TPT * j
+                copy16_async(sm, slot(kbase, n, ch), key_cache, ka + j * (TPT * kstr[3]))
+                if STAGE_V:
+                    copy16_async(sm, slot(vbase, n, ch), value_cache, va + j * (TPT * vstr[3]))
+                else:
+                    dv = slot(vbase, n, ch)
+                    for e in range(8):
+                        sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
+        commit_group()
 
     @device_function
     def issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
@@ -243,9 +300,58 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         return k < kv_hi and (causal == 0 or k <= p) and (window <= 0 or p - k < window)
 
     @device_function
-    def q_fragment(sm, warp, kk, qo):
-        """The warp's A fragment of k-step ``kk`` (query dims ``16 kk ..``)."""
-        return ldmatrix_x4(sm, frag_slot(Q_OFF, warp * 16, kk, qo))
+    def q_fragment(sm, mtile, kk, qo):
+        """The A fragment of m-tile ``mtile`` (rows ``16 mtile ..``) at k-step ``kk``
+        (query dims ``16 kk ..``)."""
+        return ldmatrix_x4(sm, frag_slot(Q_OFF, mtile * 16, kk, qo))
+
+    @device_function
+    def softmax_half(s, o, m, l_, sc, t, h):
+        """Online softmax of row half ``h`` of m-tile ``t`` (this lane's row ``16 t
+        + r + 8 h`` of the warp, logits ``s[t, :, 2 h:2 h + 2]``): the row maximum
+        over the quad, the rescale of O and the row sum where it grew (a warp
+        vote), then one FFMA and one exp2 a weight, summed into the lane's share."""
+        mx = NEG_INF
+        for i in range(NTILE_S):
+            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+        mx = quad_max(mx)
+        new = max(m[t, h], mx)
+        grew = new > m[t, h]
+        use = new if new != NEG_INF else float32(0.0)
+        if cuda.any_sync(FULL_MASK, grew):
+            alpha = exp2((m[t, h] - use) * sc)
+            l_[t, h] *= alpha
+            for i in range(NTILE_O):
+                o[t, i, 2 * h] *= alpha
+                o[t, i, 2 * h + 1] *= alpha
+        m[t, h] = new
+        sub = -use * sc
+        for i in range(NTILE_S):
+            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
+            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+
+    @device_function
+    def store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, t, h):
+        """Epilogue of row half ``h`` of m-tile ``t``: ``out = O / l`` in the
+        output dtype and ``lse = (m + log2 l) ln 2``, for rows of a valid query."""
+        rr = 16 * (MT * warp + t) + r + 8 * h
+        lsum = quad_sum(l_[t, h])
+        inv = float32(0.0)
+        if lsum > 0.0:
+            inv = float32(1.0) / lsum
+        if rr // HPB < nq:
+            row = row0 + q0 + rr // HPB
+            head = h0 + rr % HPB
+            for i in range(NTILE_O):
+                d = 8 * i + 2 * c
+                out[row, head, d] = from_f32(o[t, i, 2 * h] * inv)
+                out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
+            if c == 0:
+                x = NEG_INF
+                if lsum > 0.0:
+                    x = (m[t, h] * sc + math.log2(lsum)) * float32(LN2)
+                lse[row, head] = x
 
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))
@@ -280,8 +386,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             ntiles = int32((kv_hi - kv_lo + BN - 1) // BN)
 
         sm = cuda.shared.array(0, SMEM_T, alignment=16)
-        kstr = k_strides(key_cache, kvh, tid % NCH)
-        vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, tid % NCH)
+        first_chunk = tid % TPT if token_copies else tid % NCH
+        kstr = k_strides(key_cache, kvh, first_chunk)
+        vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, first_chunk)
         tid_slot = slot(0, tid // NCH, tid % NCH)
 
         # -- the tile's queries -> shared memory (rows past nq repeat the last query)
@@ -293,7 +400,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                 qi = min(row // HPB, nq - 1)
                 src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
                 copy16_async(sm, slot(Q_OFF, row, ch), query, src)
-        if ntiles > 0:
+        if ntiles > 0 and token_copies:
+            issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kv_lo, kv_lo, last,
+                           0, tid, kstr, vstr)
+        elif ntiles > 0:
             issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_lo, kv_lo, last,
                        0, tid, kstr, vstr, tid_slot)
         else:
@@ -305,169 +415,143 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         ko = lane_slot(lt + 8 * (lj >> 1), lj & 1, lt)
         vo = qo
 
-        # -- this lane's two rows: row a = 16 warp + r, row b = row a + 8
-        ra = warp * 16 + r
-        rb = ra + 8
-        pa = int32(pos0 + min(ra // HPB, nq - 1))
-        pb = int32(pos0 + min(rb // HPB, nq - 1))
+        # -- this lane's rows: 16 (MT w + t) + r + 8 h of m-tile t < MT and half h < 2
+        pos = cuda.local.array((MT, 2), int32)
+        slope = cuda.local.array((MT, 2), float32)
+        m = cuda.local.array((MT, 2), float32)
+        l_ = cuda.local.array((MT, 2), float32)   # this lane's share of the row sums
         qscale = scale * float32(LOG2E)
         cap2 = soft_cap * float32(LOG2E)
-        slope_a = alibi_slopes[h0 + ra % HPB] * float32(LOG2E)
-        slope_b = alibi_slopes[h0 + rb % HPB] * float32(LOG2E)
-        alibi = cuda.any_sync(FULL_MASK, slope_a != 0.0 or slope_b != 0.0)
-        m_a = NEG_INF
-        m_b = NEG_INF
-        l_a = float32(0.0)                    # this lane's share of the row sums
-        l_b = float32(0.0)
-        qa = cuda.local.array((KSTEPS if QREGS else 1, 4), uint32)
-        s = cuda.local.array((NTILE_S, 4), float32)
-        o = cuda.local.array((NTILE_O, 4), float32)
-        for i in range(NTILE_O):
-            for e in range(4):
-                o[i, e] = 0.0
+        any_slope = False
+        for t in range(MT):
+            for h in range(2):
+                rr = 16 * (MT * warp + t) + r + 8 * h
+                pos[t, h] = int32(pos0 + min(rr // HPB, nq - 1))
+                slope[t, h] = alibi_slopes[h0 + rr % HPB] * float32(LOG2E)
+                any_slope = any_slope or slope[t, h] != 0.0
+                m[t, h] = NEG_INF
+                l_[t, h] = 0.0
+        alibi = cuda.any_sync(FULL_MASK, any_slope)
+        # fma_softmax: logits stay unscaled (the maxima too) and sc scales them in
+        # the exponent; else they are scaled first and sc is 1
+        plain = FMA and soft_cap <= 0.0 and not alibi and qscale > 0.0
+        sc = qscale if plain else float32(1.0)
+        qa = cuda.local.array((MT, KSTEPS if QREGS else 1, 4), uint32)
+        s = cuda.local.array((MT, NTILE_S, 4), float32)
+        o = cuda.local.array((MT, NTILE_O, 4), float32)
+        for t in range(MT):
+            for i in range(NTILE_O):
+                for e in range(4):
+                    o[t, i, e] = 0.0
 
         for j in range(ntiles):
             stage = int32(j % STAGES)
             kt = int32(kv_lo + j * BN)
             wait_all()
             cuda.syncthreads()  # tile j (and the queries) landed; everyone is done with tile j - 1
-            if j + 1 < ntiles:
+            if j + 1 < ntiles and token_copies:
+                issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt + BN, kv_lo,
+                               last, (j + 1) % STAGES, tid, kstr, vstr)
+            elif j + 1 < ntiles:
                 issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kt + BN, kv_lo,
                            last, (j + 1) % STAGES, tid, kstr, vstr, tid_slot)
             if QREGS and j == 0:
-                for kk in range(KSTEPS):
-                    qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3] = q_fragment(sm, warp, kk, qo)
+                for t in range(MT):
+                    for kk in range(KSTEPS):
+                        qa[t, kk, 0], qa[t, kk, 1], qa[t, kk, 2], qa[t, kk, 3] = q_fragment(
+                            sm, MT * warp + t, kk, qo)
             kbase = KV_OFF + 2 * stage * BN * D
             vbase = kbase + BN * D
 
-            # -- S = Q K^T: 16 rows x BN keys per warp
-            for i in range(NTILE_S):
-                for e in range(4):
-                    s[i, e] = 0.0
-            for kk in range(KSTEPS):
-                if QREGS:
-                    a0 = qa[kk, 0]
-                    a1 = qa[kk, 1]
-                    a2 = qa[kk, 2]
-                    a3 = qa[kk, 3]
-                else:
-                    a0, a1, a2, a3 = q_fragment(sm, warp, kk, qo)
-                for nb in range(NTILE_S // 2):   # keys 16 nb .. 16 nb + 15
-                    w0, w1, w2, w3 = ldmatrix_x4(
-                        sm, frag_slot(kbase, 16 * nb, kk, ko))
-                    s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
-                        a0, a1, a2, a3, w0, w1, s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2],
-                        s[2 * nb, 3])
-                    s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3] = mma(
-                        a0, a1, a2, a3, w2, w3, s[2 * nb + 1, 0], s[2 * nb + 1, 1],
-                        s[2 * nb + 1, 2], s[2 * nb + 1, 3])
-
-            # -- logits in base 2, variants, mask (tiles that need one), row maxima
-            masked = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
-                      or (window > 0 and pos0 + nq - 1 - kt >= window))
-            for i in range(NTILE_S):
-                for e in range(4):
-                    s[i, e] *= qscale
-            if soft_cap > 0.0:
+            # -- S = Q K^T: 16 MT rows x BN keys per warp; each K fragment serves MT m-tiles
+            for t in range(MT):
                 for i in range(NTILE_S):
                     for e in range(4):
-                        s[i, e] = cap2 * math.tanh(s[i, e] / cap2)
+                        s[t, i, e] = 0.0
+            for kk in range(KSTEPS):
+                if not QREGS:
+                    for t in range(MT):
+                        qa[t, 0, 0], qa[t, 0, 1], qa[t, 0, 2], qa[t, 0, 3] = q_fragment(
+                            sm, MT * warp + t, kk, qo)
+                qk = kk if QREGS else 0
+                for nb in range(NTILE_S // 2):   # keys 16 nb .. 16 nb + 15
+                    w0, w1, w2, w3 = ldmatrix_x4(sm, frag_slot(kbase, 16 * nb, kk, ko))
+                    for t in range(MT):
+                        a0 = qa[t, qk, 0]
+                        a1 = qa[t, qk, 1]
+                        a2 = qa[t, qk, 2]
+                        a3 = qa[t, qk, 3]
+                        n0 = 2 * nb
+                        n1 = 2 * nb + 1
+                        s[t, n0, 0], s[t, n0, 1], s[t, n0, 2], s[t, n0, 3] = mma(
+                            a0, a1, a2, a3, w0, w1, s[t, n0, 0], s[t, n0, 1], s[t, n0, 2],
+                            s[t, n0, 3])
+                        s[t, n1, 0], s[t, n1, 1], s[t, n1, 2], s[t, n1, 3] = mma(
+                            a0, a1, a2, a3, w2, w3, s[t, n1, 0], s[t, n1, 1], s[t, n1, 2],
+                            s[t, n1, 3])
+
+            # -- logits in base 2, variants, mask (tiles that need one)
+            masked = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
+                      or (window > 0 and pos0 + nq - 1 - kt >= window))
+            if not plain:
+                for t in range(MT):
+                    for i in range(NTILE_S):
+                        for e in range(4):
+                            s[t, i, e] *= qscale
+            if soft_cap > 0.0:
+                for t in range(MT):
+                    for i in range(NTILE_S):
+                        for e in range(4):
+                            s[t, i, e] = cap2 * math.tanh(s[t, i, e] / cap2)
             if alibi:
-                for i in range(NTILE_S):
-                    k = float32(kt + 8 * i + 2 * c)
-                    s[i, 0] += slope_a * (k - pa)
-                    s[i, 1] += slope_a * (k + 1 - pa)
-                    s[i, 2] += slope_b * (k - pb)
-                    s[i, 3] += slope_b * (k + 1 - pb)
+                for t in range(MT):
+                    for i in range(NTILE_S):      # distances in int32, exact in fp32
+                        for h in range(2):
+                            d0 = float32(int32(kt + 8 * i + 2 * c - pos[t, h]))
+                            s[t, i, 2 * h] += slope[t, h] * d0
+                            s[t, i, 2 * h + 1] += slope[t, h] * (d0 + float32(1.0))
             if masked:
-                for i in range(NTILE_S):
-                    k = int32(kt + 8 * i + 2 * c)
-                    if not admits(k, pa, kv_hi, causal, window):
-                        s[i, 0] = NEG_INF
-                    if not admits(k + 1, pa, kv_hi, causal, window):
-                        s[i, 1] = NEG_INF
-                    if not admits(k, pb, kv_hi, causal, window):
-                        s[i, 2] = NEG_INF
-                    if not admits(k + 1, pb, kv_hi, causal, window):
-                        s[i, 3] = NEG_INF
-            mx_a = NEG_INF
-            mx_b = NEG_INF
-            for i in range(NTILE_S):
-                mx_a = max(mx_a, max(s[i, 0], s[i, 1]))
-                mx_b = max(mx_b, max(s[i, 2], s[i, 3]))
-            mx_a = quad_max(mx_a)
-            mx_b = quad_max(mx_b)
+                for t in range(MT):
+                    for i in range(NTILE_S):
+                        k = int32(kt + 8 * i + 2 * c)
+                        for h in range(2):
+                            if not admits(k, pos[t, h], kv_hi, causal, window):
+                                s[t, i, 2 * h] = NEG_INF
+                            if not admits(k + 1, pos[t, h], kv_hi, causal, window):
+                                s[t, i, 2 * h + 1] = NEG_INF
 
-            # -- online softmax: rescale where a row's maximum grew, exp2, row sums
-            new_a = max(m_a, mx_a)
-            new_b = max(m_b, mx_b)
-            grew = new_a > m_a or new_b > m_b
-            use_a = new_a if new_a != NEG_INF else float32(0.0)
-            use_b = new_b if new_b != NEG_INF else float32(0.0)
-            if cuda.any_sync(FULL_MASK, grew):
-                alpha_a = math.exp2(m_a - use_a)
-                alpha_b = math.exp2(m_b - use_b)
-                l_a *= alpha_a
-                l_b *= alpha_b
-                for i in range(NTILE_O):
-                    o[i, 0] *= alpha_a
-                    o[i, 1] *= alpha_a
-                    o[i, 2] *= alpha_b
-                    o[i, 3] *= alpha_b
-            m_a = new_a
-            m_b = new_b
-            for i in range(NTILE_S):
-                s[i, 0] = math.exp2(s[i, 0] - use_a)
-                s[i, 1] = math.exp2(s[i, 1] - use_a)
-                s[i, 2] = math.exp2(s[i, 2] - use_b)
-                s[i, 3] = math.exp2(s[i, 3] - use_b)
-                l_a += s[i, 0] + s[i, 1]
-                l_b += s[i, 2] + s[i, 3]
+            # -- online softmax, one call a row half (t, h constants: no loop to unroll)
+            softmax_half(s, o, m, l_, sc, 0, 0)
+            softmax_half(s, o, m, l_, sc, 0, 1)
+            if MT == 2:
+                softmax_half(s, o, m, l_, sc, 1, 0)
+                softmax_half(s, o, m, l_, sc, 1, 1)
 
-            # -- O += P V: P rounded to the cache dtype is the A operand as it lies
+            # -- O += P V: P rounded to the cache dtype is the A operand as it lies;
+            # each V fragment serves MT m-tiles
             for ks in range(PV_STEPS):             # keys 16 ks .. 16 ks + 15
-                p0 = pack(s[2 * ks, 0], s[2 * ks, 1])
-                p1 = pack(s[2 * ks, 2], s[2 * ks, 3])
-                p2 = pack(s[2 * ks + 1, 0], s[2 * ks + 1, 1])
-                p3 = pack(s[2 * ks + 1, 2], s[2 * ks + 1, 3])
                 for db in range(NTILE_O // 2):     # dims 16 db .. 16 db + 15
-                    w0, w1, w2, w3 = ldmatrix_x4_trans(
-                        sm, frag_slot(vbase, 16 * ks, db, vo))
-                    o[2 * db, 0], o[2 * db, 1], o[2 * db, 2], o[2 * db, 3] = mma(
-                        p0, p1, p2, p3, w0, w1, o[2 * db, 0], o[2 * db, 1], o[2 * db, 2],
-                        o[2 * db, 3])
-                    o[2 * db + 1, 0], o[2 * db + 1, 1], o[2 * db + 1, 2], o[2 * db + 1, 3] = mma(
-                        p0, p1, p2, p3, w2, w3, o[2 * db + 1, 0], o[2 * db + 1, 1],
-                        o[2 * db + 1, 2], o[2 * db + 1, 3])
+                    w0, w1, w2, w3 = ldmatrix_x4_trans(sm, frag_slot(vbase, 16 * ks, db, vo))
+                    for t in range(MT):
+                        p0 = pack(s[t, 2 * ks, 0], s[t, 2 * ks, 1])
+                        p1 = pack(s[t, 2 * ks, 2], s[t, 2 * ks, 3])
+                        p2 = pack(s[t, 2 * ks + 1, 0], s[t, 2 * ks + 1, 1])
+                        p3 = pack(s[t, 2 * ks + 1, 2], s[t, 2 * ks + 1, 3])
+                        n0 = 2 * db
+                        n1 = 2 * db + 1
+                        o[t, n0, 0], o[t, n0, 1], o[t, n0, 2], o[t, n0, 3] = mma(
+                            p0, p1, p2, p3, w0, w1, o[t, n0, 0], o[t, n0, 1], o[t, n0, 2],
+                            o[t, n0, 3])
+                        o[t, n1, 0], o[t, n1, 1], o[t, n1, 2], o[t, n1, 3] = mma(
+                            p0, p1, p2, p3, w2, w3, o[t, n1, 0], o[t, n1, 1], o[t, n1, 2],
+                            o[t, n1, 3])
 
-        # -- epilogue: out = O / l, lse = (m + log2 l) ln 2, valid rows only
-        l_a = quad_sum(l_a)
-        l_b = quad_sum(l_b)
-        inv_a = float32(0.0)
-        inv_b = float32(0.0)
-        if l_a > 0.0:
-            inv_a = float32(1.0) / l_a
-        if l_b > 0.0:
-            inv_b = float32(1.0) / l_b
-        qa_ok = ra // HPB < nq
-        qb_ok = rb // HPB < nq
-        out_a = row0 + q0 + ra // HPB
-        out_b = row0 + q0 + rb // HPB
-        ha = h0 + ra % HPB
-        hb_ = h0 + rb % HPB
-        for i in range(NTILE_O):
-            d = 8 * i + 2 * c
-            if qa_ok:
-                out[out_a, ha, d] = from_f32(o[i, 0] * inv_a)
-                out[out_a, ha, d + 1] = from_f32(o[i, 1] * inv_a)
-            if qb_ok:
-                out[out_b, hb_, d] = from_f32(o[i, 2] * inv_b)
-                out[out_b, hb_, d + 1] = from_f32(o[i, 3] * inv_b)
-        if c == 0:
-            if qa_ok:
-                lse[out_a, ha] = (m_a + math.log2(l_a)) * float32(LN2) if l_a > 0.0 else NEG_INF
-            if qb_ok:
-                lse[out_b, hb_] = (m_b + math.log2(l_b)) * float32(LN2) if l_b > 0.0 else NEG_INF
+        # -- epilogue, one call a row half
+        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
+        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+        if MT == 2:
+            store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 1, 0)
+            store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 1, 1)
 
     # what a launch must ask for (``_launch.PackedLaunch`` reads it)
     paged_prefill_tc_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
