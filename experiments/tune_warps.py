@@ -19,7 +19,7 @@ sys.path.insert(0, "experiments")
 import bench_decode  # noqa: E402
 from bench_decode import bench_config, copy_gbps  # noqa: E402
 
-import paged_numba as pn  # noqa: E402
+from paged_numba.kernels import tuning  # noqa: E402
 
 # (batch, context, head size): [(num_warps, num_partitions, stages[, "nocap" | "cap128"]), ...]
 CASES = {
@@ -45,17 +45,17 @@ def main():
               f"{auto['num_partitions']} {auto['us']:7.1f} us regs {auto['regs']}", flush=True)
         for combo in combos:
             w, p, stages = combo[:3]
-            saved = pn._launch.register_cap
+            saved = tuning.register_cap
             if "nocap" in combo:
-                pn._launch.register_cap = lambda *a: None
+                tuning.register_cap = lambda *a: None
             if "cap128" in combo:
-                pn._launch.register_cap = lambda *a: 128
+                tuning.register_cap = lambda *a: 128
             try:
                 r = bench_config(b, c, 32, 8, hs, 16, "float16", tables=("random",), sdpa=False,
                                  partitions=(p,), reps=args.reps,
                                  tuning=dict(num_warps=w, stages=stages))[0]
             finally:
-                pn._launch.register_cap = saved
+                tuning.register_cap = saved
             merge = "-" if r["merge_us"] == "" else f"{r['merge_us']:.1f} us"
             print(f"    warps {w:<2} P={p:<3} stages {stages} {' '.join(combo[3:]):6} "
                   f"{r['us']:7.1f} us (x{r['us'] / sdpa['us']:.3f} SDPA) merge {merge} "

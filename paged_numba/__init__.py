@@ -25,10 +25,13 @@ from .attention import DecodePlan, merge_states, paged_decode  # noqa: E402
 from .cache import PagedKVCache  # noqa: E402
 from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
+from .block_manager import BlockManager  # noqa: E402
+from .blocks import copy_blocks, host_pool, swap_blocks  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["BlockAllocator", "DecodePlan", "OutOfBlocksError", "PagedKVCache", "PrefillPlan",
            "merge_states", "paged_decode", "paged_prefill", "write_kv", "simulator_enabled"]
+__all__ += ["BlockManager", "copy_blocks", "host_pool", "swap_blocks"]
 
 
 def simulator_enabled():

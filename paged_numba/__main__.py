@@ -1,18 +1,24 @@
-"""Command line: ``python -m paged_numba {info, sweep}``.
+"""Command line of paged_numba.
 
-::
+  python -m paged_numba info                 device, versions, simulator support
+  python -m paged_numba sweep --list         the registered sweeps
+  python -m paged_numba sweep NAME [--quick] [--out DIR] [--no-progress]
 
-    python -m paged_numba info                       # device, versions, simulator support
-    python -m paged_numba sweep --list               # registered sweeps
-    python -m paged_numba sweep NAME [--quick] [--out DIR] [--no-progress]
+A sweep writes DIR/NAME.csv (DIR/NAME_quick.csv with --quick) and, when
+matplotlib is installed, a figure beside it. Running one needs the "sweeps"
+extra (pip install -e ".[sweeps]"), its figure the "plots" extra; --list
+and info need neither.
 
-Mistakes (an unknown sweep, bad arguments) print one line to stderr and
-exit with status 2.
+Mistakes (an unknown sweep, bad arguments, an --out that cannot be written)
+print one line to stderr and exit with status 2; a missing extra prints one
+line naming it and exits with status 1.
 """
 import argparse
-import importlib.metadata
 import os
 import sys
+import tempfile
+
+from ._env import package_version
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,13 +26,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _version(dist):
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def info():
@@ -44,19 +43,38 @@ def info():
         name = cuda.get_current_device().name
         print(f"device: {name.decode() if isinstance(name, bytes) else name}")
     print(f"paged_numba {paged_numba.__version__}")
-    print(f"numba {_version('numba')}")
-    print(f"numba-cuda {_version('numba-cuda')}")
+    print(f"numba {package_version('numba', 'not installed')}")
+    print(f"numba-cuda {package_version('numba-cuda', 'not installed')}")
     print(f"numpy {np.__version__}")
     print("simulator warp support: "
           + ("active" if _simulator.is_installed() else "not active"))
 
 
+def _writable_dir(path):
+    """None if ``path`` is (or can be made) a directory a file can be written
+    into, else the reason it is not."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def main(argv=None):
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
-    parser = _Parser(prog="python -m paged_numba", description=__doc__.splitlines()[0])
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="python -m paged_numba", description=__doc__, formatter_class=raw)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("info", help="device, versions, simulator warp support")
-    sw = sub.add_parser("sweep", help="run a registered sweep (see --list)")
+    sub.add_parser("info", help="device, versions, simulator warp support",
+                   description="Print the device (or the simulator), the versions of "
+                               "paged_numba, numba, numba-cuda and numpy, and whether the "
+                               "simulator's warp operations are installed.", formatter_class=raw)
+    sw = sub.add_parser("sweep", help="run a registered sweep (see --list)", formatter_class=raw,
+                        description="Run the points of a registered sweep that its CSV does not "
+                                    "hold yet\n(an interrupted sweep resumes), or list the "
+                                    "sweeps.")
     sw.add_argument("name", nargs="?", help="sweep to run")
     sw.add_argument("--list", action="store_true", help="list sweeps and exit")
     sw.add_argument("--quick", action="store_true", help="run the small grid (simulator-sized)")
@@ -67,7 +85,7 @@ def main(argv=None):
     if args.command == "info":
         info()
         return 0
-    from paged_numba.sweeps import SWEEPS, run_sweep
+    from paged_numba.sweeps import SWEEPS, MissingExtra, require, run_sweep
 
     if args.list:
         width = max(map(len, SWEEPS))
@@ -87,9 +105,14 @@ def main(argv=None):
             parser.exit(2, f"{sw.prog}: error: {args.name}'s full grid needs a GPU (it would take "
                            "hours on Numba's CUDA simulator); add --quick\n")
     try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        parser.exit(2, f"{sw.prog}: error: cannot create --out {args.out!r}: {e.strerror}\n")
+        require("pandas", "sweeps")
+        if args.name == "exactness":            # its measure checks against paged_numba.testing
+            require("hypothesis", "sweeps")
+    except MissingExtra as e:
+        parser.exit(1, f"{sw.prog}: error: {e}\n")
+    reason = _writable_dir(args.out)
+    if reason is not None:
+        parser.exit(2, f"{sw.prog}: error: cannot write to --out {args.out!r}: {reason}\n")
     try:
         df = run_sweep(sweep, quick=args.quick, out_dir=args.out,
                        progress=not args.no_progress)
@@ -98,6 +121,12 @@ def main(argv=None):
         return 130
     stem = args.name + ("_quick" if args.quick else "")
     print(f"{len(df)} rows in {args.out.rstrip('/')}/{stem}.csv")
+    if sweep.figure is not None and len(df):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print('no figure: matplotlib is not installed; install it with: '
+                  'pip install -e ".[plots]"', file=sys.stderr)
     return 0
 
 

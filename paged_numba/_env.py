@@ -1,5 +1,7 @@
-"""Find out whether a CUDA GPU is usable, without importing numba."""
+"""Facts about the environment: whether a CUDA GPU is usable (without
+importing numba) and which versions of packages are installed."""
 import ctypes
+import importlib.metadata
 
 
 def cuda_gpu_present():
@@ -15,3 +17,15 @@ def cuda_gpu_present():
     except AttributeError:
         return False
     return count.value > 0
+
+
+def package_version(dist, missing="unknown"):
+    """The installed version of the distribution ``dist``, or ``missing``.
+
+    >>> package_version("numpy") != "unknown", package_version("no-such-dist", "not installed")
+    (True, 'not installed')
+    """
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return missing

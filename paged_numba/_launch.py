@@ -20,6 +20,11 @@ import functools
 
 from numba import config, cuda
 
+# the occupancy model lives with the kernels; these names are kept here too
+from .kernels.tuning import (  # noqa: F401
+    REGISTER_SLACK, REGS_PER_SM, SHARED_PER_SM, SIMULATED_RESIDENT_BLOCKS, blocks_by_registers,
+    dynamic_shared, register_cap, register_limit, resident_blocks)
+
 
 def stream_handle(stream):
     """The ``cudaStream_t`` (an int) of ``None`` (the default stream), an int,
@@ -31,84 +36,6 @@ def stream_handle(stream):
     if hasattr(stream, "cuda_stream"):
         return int(stream.cuda_stream)
     return int(getattr(stream, "handle", None) or 0)
-
-
-REGS_PER_SM = 65536
-SHARED_PER_SM = 228 * 1024
-SIMULATED_RESIDENT_BLOCKS = 3    # what resident_blocks says under the simulator
-
-
-REGISTER_SLACK = 12              # registers per thread register_cap may take away
-
-
-def blocks_by_registers(regs, threads):
-    """Thread blocks of ``threads`` threads using ``regs`` registers each that
-    the register file holds (allocated per warp in units of 256).
-
-    >>> blocks_by_registers(131, 128), blocks_by_registers(128, 128)
-    (3, 4)
-    """
-    return REGS_PER_SM // max(-(-regs * 32 // 256) * 256 * (threads // 32), 1)
-
-
-def dynamic_shared(dispatcher):
-    """Bytes of dynamic shared memory a launch of ``dispatcher`` needs: the
-    ``dynamic_shared_bytes`` its kernel factory set on it, else 0."""
-    return int(getattr(dispatcher, "dynamic_shared_bytes", 0))
-
-
-def _blocks_by_shared(kernel, dispatcher):
-    used = kernel.shared_mem_per_block + dynamic_shared(dispatcher) + 1024   # + driver reserve
-    return SHARED_PER_SM // used
-
-
-def resident_blocks(dispatcher, argtypes, threads):
-    """Thread blocks of ``dispatcher``, compiled for the numba types
-    ``argtypes``, that fit on one multiprocessor at once, from its registers
-    and shared memory (sm_80/90 limits: 64 K registers, 228 KB shared
-    memory, 64 warps, 32 blocks)."""
-    if config.ENABLE_CUDASIM:
-        return SIMULATED_RESIDENT_BLOCKS
-    kernel = dispatcher.compile(tuple(argtypes))
-    by_regs = blocks_by_registers(kernel.regs_per_thread, threads)
-    return max(1, min(by_regs, _blocks_by_shared(kernel, dispatcher), 64 * 32 // threads, 32))
-
-
-def register_limit(regs, threads, by_shared, slack=REGISTER_SLACK):
-    """The register limit at which one more thread block of ``threads``
-    threads, now using ``regs`` registers each, fits on a multiprocessor, or
-    None: only when the register file is what limits it, ``by_shared`` (the
-    blocks shared memory allows) and the warp limit have room for one more,
-    and the limit is at most ``slack`` registers below ``regs`` (a few spills).
-
-    >>> register_limit(131, 128, by_shared=6)      # 3 -> 4 blocks of 4 warps
-    128
-    >>> register_limit(131, 128, by_shared=3) is None, register_limit(184, 64, 6) is None
-    (True, True)
-
-    Where not even one block fits (512 threads of 142 registers), the cap that
-    lets one fit, however many registers below: without it the launch fails.
-
-    >>> register_limit(142, 512, by_shared=3), register_limit(128, 512, by_shared=3) is None
-    (128, True)
-    """
-    more = blocks_by_registers(regs, threads) + 1
-    cap = REGS_PER_SM // (more * threads) // 8 * 8
-    if more == 1:
-        return cap if cap < regs else None
-    fits = by_shared >= more and more * threads <= 64 * 32 and more <= 32
-    return cap if fits and regs - slack <= cap < regs else None
-
-
-@functools.cache
-def register_cap(dispatcher, argtypes, threads):
-    """:func:`register_limit` of ``dispatcher`` compiled for ``argtypes`` (a
-    tuple; None under the simulator and where no GPU is present, e.g. when
-    compiling PTX only)."""
-    if config.ENABLE_CUDASIM or not cuda.is_available():
-        return None
-    kernel = dispatcher.compile(tuple(argtypes))
-    return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel, dispatcher))
 
 
 def allow_dynamic_shared(drv, cufunc, nbytes):

@@ -6,13 +6,12 @@ import numpy as np
 from . import _arrays, _launch
 from . import _validate as V
 from .kernels import decode_tc
-from .kernels.decode import decode_kernel, heads_per_block
+from .kernels.decode import heads_per_block
 from .kernels.merge import merge_kernel
 from .kernels.specializations import decode_signatures
+from .kernels.tuning import (NUM_WARPS, STAGES, UNROLL, decode_launch, fitting_warps,
+                             resident_blocks)
 
-NUM_WARPS = 4
-UNROLL = 4            # tokens per lane and warp step
-STAGES = 2            # warp steps whose K/V copies are in flight (the copy ring's depth)
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
 PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
 MERGE_COST = 128      # fixed cost of the split's merge launch in that model, in tokens
@@ -122,59 +121,22 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
     return min(p for p in options if costs[p] <= best * (1 + SPLIT_MARGIN))
 
 
-def decode_launch(head_size, block_size, hpb, dtype, layout, split,
-                  tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
-    """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
-    ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
-    The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
-    head size 32/64/128/256) unless ``tensor_cores`` is
-    False, else ``kernels.decode``. ``tuning`` is ``(num_warps, unroll,
-    stages)``; the tensor-core kernel has no ``unroll``, halves
-    ``num_warps`` until two ring stages fit in shared memory (dynamic shared
-    memory where the static 48 KB do not hold them), and is compiled
-    with a register limit where a few registers fewer buy one more resident
-    thread block (``_launch.register_cap``); its variants are those that
-    ``decode_tc.PV_MMA`` and ``decode_tc.KEY_ROWS`` choose."""
-    num_warps, unroll, stages = tuning
-    args = (head_size, block_size, hpb, dtype, layout)
-    usable = decode_tc.supports(head_size, hpb, dtype, layout)
-    if tensor_cores and not usable:
-        raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache in one of the layouts "
-                         f"{decode_tc.LAYOUTS}, head_size in {decode_tc.HEAD_SIZES} and at most "
-                         f"{decode_tc.MAX_HPB} query heads per KV head and block, but got "
-                         f"{dtype}, {layout!r}, head_size={head_size}, heads_per_block={hpb}.")
-    if usable and tensor_cores is not False:
-        # the warps split the tokens, so they decide the rounding: choose them as for
-        # a layout that stages values too, so that every layout gives the same bits
-        num_warps = fitting_warps(head_size, stages, num_warps, dynamic=True)
-        kr = decode_tc.KEY_ROWS     # None: key_rows for the unsplit kernel only
-        variant = dict(pv_mma=bool(decode_tc.PV_MMA),
-                       key_rows=not split if kr is None else bool(kr))
-        kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
-        # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
-        cap = _launch.register_cap(kernel, decode_signatures(dtype, layout)[int(split)],
-                                   32 * num_warps)
-        if cap is not None:
-            kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap,
-                                                **variant)
-        return kernel, 32 * num_warps, True
-    return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
-
-
-def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None):
+def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None,
+                  pv_mma=None, key_rows=None):
     return decode_launch(cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout,
-                         split, tuning, tensor_cores)
+                         split, tuning, tensor_cores, pv_mma, key_rows)
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
-                tensor_cores=None):
+                tensor_cores=None, pv_mma=None, key_rows=None):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
     from :func:`num_partitions_for` with the split kernel's occupancy (for the
     tensor-core kernel, at most the blocks that saturate HBM)."""
     if num_partitions is None:
-        kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores)
+        kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores, pv_mma,
+                                            key_rows)
         split = decode_signatures(cache.dtype.name, cache.layout)[1]
-        resident = _launch.resident_blocks(kernel, split, threads)
+        resident = resident_blocks(kernel, split, threads)
         if tc:   # blocks past HBM saturation only add per-partition costs
             resident = min(resident, decode_tc.saturating_blocks(cache.head_size, threads // 32))
         num_partitions = num_partitions_for(num_seqs, num_heads // hpb, max_context,
@@ -186,18 +148,8 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
     return max(-(-max_context // partition_size), 1), partition_size
 
 
-def fitting_warps(head_size, stages=STAGES, num_warps=NUM_WARPS, dynamic=False):
-    """``num_warps``, halved until two stages of the tensor-core kernel's copy
-    ring fit the static 48 KB of shared memory (the default warps: 2 at head
-    size 256), or with ``dynamic`` the most a block may have."""
-    while num_warps > 1 and not decode_tc.ring_stages(head_size, num_warps, stages, "nhd",
-                                                      dynamic=dynamic):
-        num_warps //= 2
-    return num_warps
-
-
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
-                 unroll=UNROLL, stages=STAGES, tensor_cores=None):
+                 unroll=UNROLL, stages=STAGES, tensor_cores=None, pv_mma=None, key_rows=None):
     """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
     picks: :func:`fitting_warps` (static) for the tensor-core kernel
     (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
@@ -210,13 +162,14 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
         num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (int(num_warps), int(unroll), int(stages))
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
-                              tuning, tensor_cores)
+                              tuning, tensor_cores, pv_mma, key_rows)
     return tuning[0], parts, size
 
 
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
-                 num_partitions=None, return_lse=False, validate=True):
+                 num_partitions=None, return_lse=False, validate=True, pv_mma=None,
+                 key_rows=None):
     """Decode attention over a paged KV cache: one query token per sequence.
 
     Parameters
@@ -252,6 +205,11 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     validate : bool
         Check shapes, dtypes and table entries first (copies device tables to
         the host). Turn off only in benchmarks.
+    pv_mma, key_rows : bool, optional
+        Variants of the tensor-core kernel (other rounding; ignored where the
+        other kernel runs): P @ V on tensor cores (default True), and the keys
+        copied in whole rows and read by ``ldmatrix`` (default: in the unsplit
+        kernel only). Both False give the kernel with P @ V in fp32 FMAs.
 
     Returns
     -------
@@ -292,14 +250,16 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
-    num_warps, num_partitions, partition_size = launch_shape(num_partitions, None, cache, hpb,
-                                                             num_seqs, num_heads, max_context)
+    num_warps, num_partitions, partition_size = launch_shape(
+        num_partitions, None, cache, hpb, num_seqs, num_heads, max_context, pv_mma=pv_mma,
+        key_rows=key_rows)
 
     out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
     lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
         kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1,
-                                           (num_warps, UNROLL, STAGES))
+                                           (num_warps, UNROLL, STAGES), pv_mma=pv_mma,
+                                           key_rows=key_rows)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants)
@@ -410,8 +370,10 @@ class DecodePlan:
         dynamic shared memory where the static 48 KB hold fewer).
     tensor_cores : bool, optional
         Use the tensor-core kernel (``kernels.decode_tc``: q.k and, by default,
-        P @ V on ``mma.sync``; ``decode_tc.PV_MMA`` and ``KEY_ROWS`` choose its
-        variants) or not; default: where it applies. True raises where it does not.
+        P @ V on ``mma.sync``) or not; default: where it applies. True raises
+        where it does not.
+    pv_mma, key_rows : bool, optional
+        The tensor-core kernel's variants, as in :func:`paged_decode`.
 
     Examples
     --------
@@ -431,7 +393,7 @@ class DecodePlan:
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
-                 tensor_cores=None):
+                 tensor_cores=None, pv_mma=None, key_rows=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         V.check_heads(num_heads, cache)
@@ -446,7 +408,7 @@ class DecodePlan:
         max_context = max(self.max_blocks * cache.block_size, 1)
         self.num_warps, self.num_partitions, self.partition_size = launch_shape(
             num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
-            unroll, stages, tensor_cores)
+            unroll, stages, tensor_cores, pv_mma, key_rows)
         tuning = (self.num_warps, int(unroll), int(stages))
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), cache.dtype)
@@ -457,8 +419,8 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self._kernel, self._threads, self.tensor_cores = _cache_launch(cache, hpb, p > 1, tuning,
-                                                                       tensor_cores)
+        self._kernel, self._threads, self.tensor_cores = _cache_launch(
+            cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))

@@ -12,6 +12,8 @@ Choose one with ``HYPOTHESIS_PROFILE=ci|gpu``; ``GPU_EXAMPLES=N`` changes the
 """
 import os
 
+import pytest
+
 import paged_numba  # noqa: F401  (switches the simulator on where there is no GPU)
 from hypothesis import HealthCheck, settings
 
@@ -23,3 +25,36 @@ settings.register_profile("gpu", max_examples=int(os.environ.get("GPU_EXAMPLES",
                           suppress_health_check=_slow, print_blob=True)
 settings.load_profile(os.environ.get(
     "HYPOTHESIS_PROFILE", "ci" if paged_numba.simulator_enabled() else "gpu"))
+
+
+# The slow tier: simulator tests that take tens of seconds or more each (measured with
+# --durations). ``python -m pytest -m "not slow" paged_numba tests`` leaves them out and
+# still runs every public function on the simulator (the doctests and the small tests);
+# the default run, CI's, runs them all. Keys are test files; values are test functions,
+# or single parametrisations by their full name.
+SLOW = {
+    "test_ptx.py": {"test_every_specialisation_compiles_to_ptx"},
+    "test_decode.py": {
+        "test_decode_seed_examples[p2-1]", "test_decode_seed_examples[p3-2]",
+        "test_decode_matches_reference", "test_decode_tensor_core_variants_match_reference",
+        "test_decode_dynamic_ring_matches_reference", "test_decode_independent_of_block_placement",
+        "test_layouts_and_page_table_forms_agree", "test_tensor_core_variants_agree_across_layouts",
+        "test_tensor_core_block_prefetch_crosses_windows", "test_merge_states_of_many_parts",
+        "test_merge_states_equals_single_pass",
+        "test_plan_run_matches_paged_decode_and_repacks_new_buffers",
+    },
+    "test_prefill.py": {
+        "test_prefill_matches_reference", "test_layouts_and_page_table_forms_agree",
+        "test_prefill_explicit_cases[tc-long]", "test_prefill_explicit_cases[tc-long-two-warps]",
+        "test_tc_prefill_window_and_variants", "test_tc_prefill_kernel_options",
+    },
+}
+
+
+@pytest.hookimpl(tryfirst=True)          # before -m deselects by the marks
+def pytest_collection_modifyitems(items):
+    """Mark the tests named in :data:`SLOW` ``slow``."""
+    for item in items:
+        names = SLOW.get(item.path.name, ())
+        if item.name in names or getattr(item, "originalname", None) in names:
+            item.add_marker(pytest.mark.slow)

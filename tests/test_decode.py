@@ -1,5 +1,4 @@
 """paged_decode and merge_states against the float64 dense reference."""
-import contextlib
 import itertools
 import math
 
@@ -73,6 +72,7 @@ def run_decode(p, num_partitions=None, **variants):
 
 def check_decode(p, num_partitions, **variants):
     (q, k, v), out, lse = run_decode(p, num_partitions, **variants)
+    variants.pop("key_rows", None)          # reorders the head dimension: no other bound
     check_attention(q, out, lse, *decode_reference(p, q, k, v, num_partitions=num_partitions,
                                                    **variants))
 
@@ -92,30 +92,14 @@ def test_decode_matches_reference(config, data):
                  **extra)
 
 
-@contextlib.contextmanager
-def tensor_core_variant(name):
-    """``paged_decode`` (and the bounds) with the tensor-core kernel's variants
-    forced as ``TC_VARIANTS[name]`` says (``PV_MMA``, ``KEY_ROWS`` of
-    ``kernels.decode_tc``)."""
-    from paged_numba.kernels import decode_tc
-    flags = TC_VARIANTS[name]
-    saved = {k: getattr(decode_tc, k) for k in flags}
-    for k, v in flags.items():
-        setattr(decode_tc, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(decode_tc, k, v)
-
-
-# The tensor-core kernel's variants, each forced for split and unsplit launches alike.
-# paged_decode runs PV_MMA with KEY_ROWS for the unsplit kernel only (KEY_ROWS None), which
-# the other tests cover; these four cover every kernel either launch can be given.
-TC_VARIANTS = {"FMA": dict(PV_MMA=False, KEY_ROWS=False),
-               "FMA+KEY_ROWS": dict(PV_MMA=False, KEY_ROWS=True),
-               "PV_MMA": dict(PV_MMA=True, KEY_ROWS=False),
-               "PV_MMA+KEY_ROWS": dict(PV_MMA=True, KEY_ROWS=True)}
+# The tensor-core kernel's variants (paged_decode's pv_mma and key_rows), each forced for
+# split and unsplit launches alike. By default paged_decode runs pv_mma, with key_rows for
+# the unsplit kernel only, which the other tests cover; these four cover every kernel
+# either launch can be given.
+TC_VARIANTS = {"FMA": dict(pv_mma=False, key_rows=False),
+               "FMA+KEY_ROWS": dict(pv_mma=False, key_rows=True),
+               "PV_MMA": dict(pv_mma=True, key_rows=False),
+               "PV_MMA+KEY_ROWS": dict(pv_mma=True, key_rows=True)}
 # ... on fp16/bf16 caches, head sizes 32-256, every layout. On a GPU each configuration
 # has one group (heads per thread block are compile-time, as in CONFIGS), rotated so that
 # every (layout, dtype) pair meets every group over the four (head size, block size) pairs.
@@ -139,9 +123,8 @@ def test_decode_tensor_core_variants_match_reference(config, flags, data):
     or not."""
     p = data.draw(decode_problems(**{**SHAPES, **config}), label="problem")
     extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
-    with tensor_core_variant(flags):
-        check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
-                     **extra)
+    check_decode(p, data.draw(st.one_of(st.none(), st.integers(1, 4)), label="num_partitions"),
+                 **extra, **TC_VARIANTS[flags])
 
 
 # The copy ring in dynamic shared memory: wide blocks (as many warps as saturate HBM
@@ -193,7 +176,7 @@ def test_decode_dynamic_ring_matches_reference(config, warps, stages, data):
                          num_warps=warps, stages=stages, **extra)
     assert plan._threads == 32 * warps
     assert plan._kernel.dynamic_shared_bytes == decode_tc.dynamic_ring_bytes(
-        p.head_size, warps, stages, p.layout, decode_tc.PV_MMA) > 0
+        p.head_size, warps, stages, p.layout, pv_mma=True) > 0
     dev = [_arrays.as_device(a, name)[0] for a, name in
            ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
     out = _arrays.to_host(plan.run(*dev), cache.dtype)
@@ -461,16 +444,17 @@ def test_layouts_and_page_table_forms_agree(config, data):
                              label="problem"))
 
 
-def _layouts_agree(p):
+def _layouts_agree(p, **variants):
     from paged_numba.page_tables import padded_to_csr
     q, k, v = p.arrays()
     outs = []
     for layout in LAYOUTS:
         kc, vc = pn.layouts.from_nhd(k, v, layout)
         cache = pn.PagedKVCache.from_host(kc, vc, layout)
-        outs.append(pn.paged_decode(q, cache, p.block_tables, p.seq_lens, num_partitions=1))
+        outs.append(pn.paged_decode(q, cache, p.block_tables, p.seq_lens, num_partitions=1,
+                                    **variants))
     csr = padded_to_csr(p.block_tables, p.seq_lens, p.block_size)
-    outs.append(pn.paged_decode(q, cache, csr, None, num_partitions=1))
+    outs.append(pn.paged_decode(q, cache, csr, None, num_partitions=1, **variants))
     for other in outs[1:]:
         assert np.array_equal(outs[0], other)
 
@@ -494,8 +478,7 @@ def test_tensor_core_variants_agree_across_layouts(config, flags, data):
         max_kv_heads=2, layouts=("nhd",), dtypes=("float16", "bfloat16"), head_sizes=(32,),
         block_sizes=(5, 8, 16), max_seq_len=40 if SIM else 600, max_seqs=2 if SIM else 4,
         groups=(1, 2, 4)), **config}), label="problem")
-    with tensor_core_variant(flags):
-        _layouts_agree(p)
+    _layouts_agree(p, **TC_VARIANTS[flags])
 
 
 @given(st.integers(1, 512), st.integers(1, 64), st.integers(1, 65536), st.integers(1, 200),
@@ -562,24 +545,41 @@ def test_tensor_core_kernel_is_chosen_where_it_applies_and_refused_elsewhere():
 
 
 def test_register_cap_reaches_the_tensor_core_kernel(monkeypatch):
-    """Where ``_launch.register_cap`` finds a limit (on a GPU, from the compiled
+    """Where ``tuning.register_cap`` finds a limit (on a GPU, from the compiled
     kernel's registers), the launcher compiles the kernel with it; and the
     limit is the one that buys one more resident block within 12 registers."""
-    from paged_numba import _launch
+    from paged_numba.kernels import tuning
     from paged_numba.kernels.decode_tc import decode_tc_kernel
     args = (128, 16, 4, "float16", "nhd")
     unsplit = dict(pv_mma=True, key_rows=True)      # the default variants: key_rows unsplit only
-    monkeypatch.setattr(_launch, "register_cap", lambda *a: 128)
+    monkeypatch.setattr(tuning, "register_cap", lambda *a: 128)
     kernel, threads, tc = pn.attention.decode_launch(*args, split=False)
     assert tc and threads == 128 and kernel is decode_tc_kernel(*args, 4, 2, False,
                                                                 max_registers=128, **unsplit)
-    monkeypatch.setattr(_launch, "register_cap", lambda *a: None)
+    monkeypatch.setattr(tuning, "register_cap", lambda *a: None)
     assert pn.attention.decode_launch(*args, split=False)[0] is decode_tc_kernel(
         *args, 4, 2, False, **unsplit)
     assert pn.attention.decode_launch(*args, split=True)[0] is decode_tc_kernel(
         *args, 4, 2, True, pv_mma=True, key_rows=False)
-    assert [_launch.register_limit(r, 128, 6) for r in (128, 131, 140, 141)] == [None, 128, 128, None]
-    assert _launch.register_limit(131, 128, by_shared=3) is None   # shared memory is the limit
+    assert [tuning.register_limit(r, 128, 6) for r in (128, 131, 140, 141)] == [None, 128, 128, None]
+    assert tuning.register_limit(131, 128, by_shared=3) is None   # shared memory is the limit
+
+
+def test_tensor_core_variants_are_options_of_the_call():
+    """``pv_mma`` and ``key_rows`` of ``DecodePlan`` (and ``paged_decode``) pick
+    the tensor-core kernel's variant; None keeps the default (pv_mma, and
+    key_rows in the unsplit kernel only); the CUDA-core kernel ignores them."""
+    from paged_numba.kernels.decode_tc import decode_tc_kernel
+    cache = pn.PagedKVCache(8, 16, 1, 128, "float16")
+    args = (128, 16, 4, "float16", "nhd", 4, 2)
+    for parts, split in ((1, False), (2, True)):
+        plan = pn.DecodePlan(cache, 1, 4, 4, num_partitions=parts)
+        assert plan._kernel is decode_tc_kernel(*args, split, pv_mma=True, key_rows=not split)
+        for pv, kr in itertools.product((False, True), repeat=2):
+            plan = pn.DecodePlan(cache, 1, 4, 4, num_partitions=parts, pv_mma=pv, key_rows=kr)
+            assert plan._kernel is decode_tc_kernel(*args, split, pv_mma=pv, key_rows=kr)
+    plan = pn.DecodePlan(cache, 1, 4, 4, tensor_cores=False, pv_mma=False, key_rows=True)
+    assert not plan.tensor_cores
 
 
 def test_non_contiguous_device_query_is_refused():

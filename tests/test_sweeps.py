@@ -92,7 +92,10 @@ def test_resume_adds_only_missing_points(tmp_path, capsys):
                   measure=counting(measure), device=False)
     first = run_sweep(small, out_dir=str(tmp_path))
     assert small.measure.calls == 2 and len(first) == 2
-    assert "ETA" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "toy: 2 of 2 points to run" in err
+    if _has("tqdm"):
+        assert "2/2 [" in err                                    # tqdm's bar: done/total [elapsed<ETA
     bigger = dataclasses.replace(small, grid={"x": [1, 2, 3, 0.5], "tag": ["a"]},
                                  measure=counting(measure))
     df = run_sweep(bigger, out_dir=str(tmp_path), progress=False)
@@ -104,6 +107,15 @@ def test_resume_adds_only_missing_points(tmp_path, capsys):
     quick = run_sweep(small, quick=True, out_dir=str(tmp_path), progress=False)
     assert len(quick) == 1 and (tmp_path / "toy_quick.csv").exists()
     assert capsys.readouterr().err == ""
+
+
+def test_progress_without_tqdm(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)          # import tqdm -> ImportError
+    s = Sweep("toy", grid={"x": [1, 2]}, quick_grid={"x": [1]}, measure=lambda p: {"y": 1},
+              device=False)
+    assert len(run_sweep(s, out_dir=str(tmp_path))) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"toy: 2 of 2 points to run -> {tmp_path / 'toy.csv'}"]
 
 
 def test_no_figure_without_matplotlib(tmp_path, monkeypatch):
@@ -152,6 +164,54 @@ def test_cli_runs_a_sweep(tmp_path, capsys):
     assert len(pd.read_csv(tmp_path / "merge-rule_quick.csv")) == 8
 
 
+def test_cli_help_is_plain_text(capsys):
+    for argv in (["--help"], ["sweep", "--help"], ["info", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert "usage:" in out and "``" not in out and ":func:" not in out and "::" not in out
+
+
+def test_cli_unwritable_out_is_one_line_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    calls = counting(lambda p: {"y": 1})
+    register(Sweep("toy-out", grid={"x": [1]}, quick_grid={"x": [1]}, measure=calls, device=False))
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", "toy-out", "--out", str(blocker / "sub"), "--no-progress"])
+    finally:
+        SWEEPS.pop("toy-out", None)
+    assert e.value.code == 2 and calls.calls == 0
+    err = capsys.readouterr().err
+    assert "cannot write to --out" in err and err.count("\n") == 1
+
+
+def test_cli_missing_pandas_names_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pandas", None)         # import pandas -> ImportError
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "merge-rule", "--quick", "--out", str(tmp_path)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert 'pandas is not installed; install it with: pip install -e ".[sweeps]"' in err
+    assert err.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+def test_cli_list_needs_only_the_core_install():
+    """``sweep --list`` (and ``info``) with pandas, hypothesis, tqdm and
+    matplotlib unimportable, in a fresh interpreter."""
+    code = ("import sys\n"
+            "for m in ('pandas', 'hypothesis', 'tqdm', 'matplotlib'):\n"
+            "    sys.modules[m] = None\n"
+            "from paged_numba.__main__ import main\n"
+            "sys.exit(main(['sweep', '--list']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": _repo_root()})
+    assert r.returncode == 0, r.stderr
+    assert all(name in r.stdout for name in EXPECTED) and r.stderr == ""
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "no-such-sweep"], "unknown sweep 'no-such-sweep'; choose from"),
     (["sweep"], "give a sweep name or --list"),
@@ -187,9 +247,13 @@ def _repo_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _has_matplotlib():
+def _has(module):
     try:
-        import matplotlib  # noqa: F401
+        __import__(module)
     except ImportError:
         return False
     return True
+
+
+def _has_matplotlib():
+    return _has("matplotlib")

@@ -7,6 +7,8 @@ of the token at ``offset`` in physical block ``blk``; the scalar and the
 """
 import functools
 
+from numba import int32, int64, uint32
+
 from .convert import codec, device_function
 from .vector import load16
 
@@ -177,3 +179,27 @@ def vector_accessors(layout, dtype):
                 out[o + e] = to_f32(v_at(vc, blk, h, off, v * vec + e))
 
     return k_vec, v_vec
+
+
+@device_function
+def wide(block, stride):
+    """``block * stride`` (both non-negative int32) as int64: one 32 x 32 -> 64
+    multiply."""
+    return int64(uint32(block)) * int64(uint32(stride))
+
+
+@functools.cache
+def row_strides(flat, step):
+    """Device function ``strides(pool, kvh, v) -> (base, block stride, token
+    stride, stride to vector v + step)``, in elements and int32 (a block's
+    elements fit), of vector ``v`` of KV head ``kvh`` in ``pool``, where
+    ``flat`` is a ``vector_offsets`` function: the element offset of vector
+    ``v`` of the token at ``off`` in block ``blk`` is then ``wide(blk, block
+    stride) + base + off * token stride``."""
+
+    @device_function
+    def strides(pool, kvh, v):
+        b0 = flat(pool, 0, kvh, 0, v)
+        return (int32(b0), int32(flat(pool, 1, kvh, 0, v) - b0),
+                int32(flat(pool, 0, kvh, 1, v) - b0), int32(flat(pool, 0, kvh, 0, v + step) - b0))
+    return strides

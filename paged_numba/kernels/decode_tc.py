@@ -37,9 +37,9 @@ reads or its P @ V):
   when a head's maximum grew (a warp vote);
 * epilogue: ``kernels.decode.warp_merger``, shared with that kernel.
 
-Variants (other rounding; ``PV_MMA`` and ``KEY_ROWS`` choose them for
-``paged_decode``, which by default runs ``pv_mma`` everywhere and adds
-``key_rows`` to the unsplit kernel): ``pv_mma`` does P @ V on tensor cores,
+Variants (other rounding; ``paged_decode``'s and ``DecodePlan``'s ``pv_mma``
+and ``key_rows`` options choose them, by default ``pv_mma`` everywhere and
+``key_rows`` in the unsplit kernel): ``pv_mma`` does P @ V on tensor cores,
 ``O^T += V^T P^T`` with ``mma.m16n8k8`` (the QK product's D fragment is
 ``P^T``'s B fragment as it stands; the weights go in as hi + lo halves), the
 values copied as above into an XOR-swizzled ring and read with
@@ -49,9 +49,9 @@ B fragments with ``ldmatrix``.
 import functools
 import math
 
-from numba import config, cuda, float32, int32, int64, uint32
+from numba import config, cuda, float32, int32, uint32
 
-from .access import device_function, vector_accessors, vector_offsets
+from .access import device_function, row_strides, vector_accessors, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, SHARED_BYTES, STORAGE, lane_reducer, warp_merger
@@ -64,8 +64,6 @@ DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
 STEP = 8                    # tokens per warp step: the mma's N
 # paged_decode's choice of decode_tc_kernel(pv_mma=..., key_rows=...) (see the factory):
-PV_MMA = True      # P @ V on tensor cores
-KEY_ROWS = None    # keys by ldmatrix; None: for the unsplit kernel only (faster there)
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
 MAX_SHARED_BYTES = 232448    # static + dynamic shared memory of one block (sm_90, opt-in)
 
@@ -148,8 +146,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     instruction, the XOR-swizzled ring) and reads the mma's B fragments with
     ``ldmatrix``: the head dimension in its natural order, so other rounding
     too. Both together were 2.6-3.8% faster than neither on the H200's large
-    headline shapes (``experiments/NOTES.md``, session 8); ``PV_MMA`` and
-    ``KEY_ROWS`` say which ones ``paged_decode`` uses."""
+    headline shapes (``experiments/NOTES.md``, session 8); ``tuning.decode_launch``
+    says which ones ``paged_decode`` uses by default."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
@@ -210,25 +208,9 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     else:
         merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32)
 
-    def lane_rows(flat):
-        @device_function
-        def rows(pool, kvh, vec):
-            """``(base, block stride, token stride, stride to vector vec + 4)`` of
-            vector ``vec`` of ``kvh``, in elements: int32 (a block's elements fit)."""
-            b0 = flat(pool, 0, kvh, 0, vec)
-            return (int32(b0), int32(flat(pool, 1, kvh, 0, vec) - b0),
-                    int32(flat(pool, 0, kvh, 1, vec) - b0),
-                    int32(flat(pool, 0, kvh, 0, vec + 4) - b0))
-        return rows
-
-    k_rows = lane_rows(k_flat)
-    v_rows = lane_rows(v_flat if STAGE_V else k_flat)
-
-    @device_function
-    def wide(block, stride):
-        """``block * stride`` (both non-negative int32) as int64: one 32 x 32 -> 64
-        multiply."""
-        return int64(uint32(block)) * int64(uint32(stride))
+    # (base, block stride, token stride, stride to vector vec + 4) of a lane's vectors
+    k_rows = row_strides(k_flat, 4)
+    v_rows = row_strides(v_flat if STAGE_V else k_flat, 4)
 
     @device_function
     def chunk(stage, c, tid):

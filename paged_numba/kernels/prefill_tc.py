@@ -48,9 +48,9 @@ row sums ``l`` use the unrounded fp32 weights).
 import functools
 import math
 
-from numba import config, cuda, float32, int32, int64, uint32
+from numba import config, cuda, float32, int32, uint32
 
-from .access import device_function, vector_offsets
+from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
 from .decode import LOG2E, STORAGE, lane_reducer
 from .convert import codec
@@ -210,26 +210,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         whose first row is ``row`` (a multiple of 16): one XOR with a constant."""
         return base + row * NCH * 8 + (lane_off ^ (16 * p))
 
-    def strider(flat):
-        @device_function
-        def strides(pool, kvh, ch):
-            """``(base, block stride, token stride, chunk stride)`` in elements of
-            chunk ``ch`` of KV head ``kvh``'s rows in ``pool``: int32 (a block's
-            elements fit)."""
-            b0 = flat(pool, 0, kvh, 0, ch)
-            return (int32(b0), int32(flat(pool, 1, kvh, 0, ch) - b0),
-                    int32(flat(pool, 0, kvh, 1, ch) - b0),
-                    int32(flat(pool, 0, kvh, 0, ch + 1) - b0))
-        return strides
-
-    k_strides = strider(k_flat)
-    v_strides = strider(v_flat if STAGE_V else k_flat)
-
-    @device_function
-    def wide(block, stride):
-        """``block * stride`` (both non-negative int32) as int64: one 32 x 32 -> 64
-        multiply."""
-        return int64(uint32(block)) * int64(uint32(stride))
+    # (base, block stride, token stride, chunk stride) of a thread's chunk
+    k_strides = row_strides(k_flat, 1)
+    v_strides = row_strides(v_flat if STAGE_V else k_flat, 1)
 
     @device_function
     def issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
@@ -304,6 +287,13 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         """The A fragment of m-tile ``mtile`` (rows ``16 mtile ..``) at k-step ``kk``
         (query dims ``16 kk ..``)."""
         return ldmatrix_x4(sm, frag_slot(Q_OFF, mtile * 16, kk, qo))
+
+    @device_function
+    def mma_into(acc, t, n, a0, a1, a2, a3, b0, b1):
+        """``acc[t, n, :] += A B`` for the A fragment ``a0..a3`` and the B fragment
+        ``b0, b1`` (one m16n8k16 product into n-tile ``n`` of m-tile ``t``)."""
+        acc[t, n, 0], acc[t, n, 1], acc[t, n, 2], acc[t, n, 3] = mma(
+            a0, a1, a2, a3, b0, b1, acc[t, n, 0], acc[t, n, 1], acc[t, n, 2], acc[t, n, 3])
 
     @device_function
     def softmax_half(s, o, m, l_, sc, t, h):
@@ -481,14 +471,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                         a1 = qa[t, qk, 1]
                         a2 = qa[t, qk, 2]
                         a3 = qa[t, qk, 3]
-                        n0 = 2 * nb
-                        n1 = 2 * nb + 1
-                        s[t, n0, 0], s[t, n0, 1], s[t, n0, 2], s[t, n0, 3] = mma(
-                            a0, a1, a2, a3, w0, w1, s[t, n0, 0], s[t, n0, 1], s[t, n0, 2],
-                            s[t, n0, 3])
-                        s[t, n1, 0], s[t, n1, 1], s[t, n1, 2], s[t, n1, 3] = mma(
-                            a0, a1, a2, a3, w2, w3, s[t, n1, 0], s[t, n1, 1], s[t, n1, 2],
-                            s[t, n1, 3])
+                        mma_into(s, t, 2 * nb, a0, a1, a2, a3, w0, w1)
+                        mma_into(s, t, 2 * nb + 1, a0, a1, a2, a3, w2, w3)
 
             # -- logits in base 2, variants, mask (tiles that need one)
             masked = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
@@ -537,14 +521,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                         p1 = pack(s[t, 2 * ks, 2], s[t, 2 * ks, 3])
                         p2 = pack(s[t, 2 * ks + 1, 0], s[t, 2 * ks + 1, 1])
                         p3 = pack(s[t, 2 * ks + 1, 2], s[t, 2 * ks + 1, 3])
-                        n0 = 2 * db
-                        n1 = 2 * db + 1
-                        o[t, n0, 0], o[t, n0, 1], o[t, n0, 2], o[t, n0, 3] = mma(
-                            p0, p1, p2, p3, w0, w1, o[t, n0, 0], o[t, n0, 1], o[t, n0, 2],
-                            o[t, n0, 3])
-                        o[t, n1, 0], o[t, n1, 1], o[t, n1, 2], o[t, n1, 3] = mma(
-                            p0, p1, p2, p3, w2, w3, o[t, n1, 0], o[t, n1, 1], o[t, n1, 2],
-                            o[t, n1, 3])
+                        mma_into(o, t, 2 * db, p0, p1, p2, p3, w0, w1)
+                        mma_into(o, t, 2 * db + 1, p0, p1, p2, p3, w2, w3)
 
         # -- epilogue, one call a row half
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)

@@ -3,11 +3,10 @@ argument types they launch it with, for compiling ahead of time
 (``numba.cuda.compile_ptx``) without a GPU."""
 import itertools
 
+import numpy as np
 from numba.core import types
 from numba.np.numpy_support import from_dtype
 
-from .._arrays import storage_dtype
-from ..layouts import vector_width
 from . import decode_tc
 from .decode import decode_kernel
 from .merge import merge_kernel
@@ -19,7 +18,13 @@ DTYPES = ("float16", "float32", "bfloat16")
 
 
 def _arr(dtype, ndim):
-    return types.Array(from_dtype(storage_dtype(dtype)), ndim, "C")
+    store = "uint16" if dtype == "bfloat16" else dtype      # bf16 travels as its bit patterns
+    return types.Array(from_dtype(np.dtype(store)), ndim, "C")
+
+
+def _vector_width(dtype):
+    """Elements in one 16-byte vector of ``dtype`` (a name; vLLM's ``x``)."""
+    return 16 // np.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize
 
 
 def _pools(layout, dtype):
@@ -71,9 +76,9 @@ def decode_tc_points():
 def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES):
     """Yield ``(name, kernel, signature)`` for the kernel specialisations:
     decode at :func:`decode_points` and :func:`decode_tc_points` (with the
-    warps ``attention.decode_launch`` gives them); write_kv and merge: every
+    warps :func:`tuning.decode_launch` gives them); write_kv and merge: every
     specialisation."""
-    from ..attention import NUM_WARPS, STAGES, UNROLL, decode_launch
+    from .tuning import NUM_WARPS, STAGES, UNROLL, decode_launch   # tuning imports this module
 
     for hs, bs, hpb, layout, dtype, split in decode_points(layouts, dtypes):
         kernel = decode_kernel(hs, bs, hpb, dtype, layout, NUM_WARPS, UNROLL, STAGES, split)
@@ -85,7 +90,7 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         yield (f"decode_tc hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype} "
                f"threads={threads}"), kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
-        kernel = write_kv_kernel(bs, layout, vector_width(dtype))
+        kernel = write_kv_kernel(bs, layout, _vector_width(dtype))
         for slot_dtype in ("int64", "int32"):
             sig = (*_pools(layout, dtype), _arr(dtype, 3), _arr(dtype, 3), _arr(slot_dtype, 1))
             yield f"write_kv bs={bs} {layout} {dtype} slots={slot_dtype}", kernel, sig
@@ -111,6 +116,25 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         yield (f"prefill_tc hs={hs} group={group} {dtype} {layout} bs={bs} hpb={hpb} bn={bn} "
                f"warps={nw} {opts}"), prefill_tc_kernel(hs, bs, hpb, bn, dtype, layout, nw,
                                                         **opts), prefill_signature(dtype, layout)
+    # its research options (PrefillPlan(kernel_options=...)): all of them at the
+    # default tile, in both dtypes and the strided-value layout; two m-tiles a warp
+    # with 32-key tiles; all 32 heads of an MQA group in one 2-warp decode tile
+    fast = dict(fast_exp2=True, fma_softmax=True, token_copies=True)
+    for hs, hpb, bn, nw, dtype, layout, opts in [
+            (128, 4, 64, 8, "float16", "nhd", fast), (128, 4, 64, 8, "bfloat16", "vllm", fast),
+            (128, 4, 32, 4, "float16", "nhd", dict(fast, m_tiles=2, q_in_regs=False)),
+            (128, 32, 64, 2, "float16", "hnd", {})]:
+        yield (f"prefill_tc hs={hs} {dtype} {layout} hpb={hpb} bn={bn} warps={nw} {opts}",
+               prefill_tc_kernel(hs, 16, hpb, bn, dtype, layout, nw, **opts),
+               prefill_signature(dtype, layout))
+    from .copy_blocks import copy_blocks_kernel
+
+    for dtype in DTYPES:
+        pool = _arr(dtype, 3)                       # [num_layers, num_blocks, block_elems]
+        for vec in (_vector_width(dtype), 1):
+            for has_value in (True, False):         # False: "interleaved" (one pool)
+                yield (f"copy_blocks {dtype} vec={vec} value={has_value}",
+                       copy_blocks_kernel(vec, has_value), (pool, pool, _arr("int32", 2)))
 
 
 def _compile_slice(args):

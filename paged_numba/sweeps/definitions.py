@@ -1,405 +1,21 @@
-"""Experiments declared as data: a grid, a measure, one tidy CSV per sweep.
+"""The registered sweeps, declared as data: ``memory-waste`` and
+``merge-rule`` need no GPU; ``exactness`` checks kernels against the
+float64 reference; ``decode``, ``paging-overhead`` and ``split-k`` time
+kernels (CUDA events on a GPU; on the simulator one wall-clock call per
+point, which measures the simulator, not a kernel).
 
-A :class:`Sweep` names a grid of parameters (the cartesian product of value
-lists), a small ``quick_grid`` that runs on Numba's CUDA simulator in
-seconds, and a ``measure`` that turns one point into a dict of metrics.
-:func:`run_sweep` runs the points not yet in ``<out_dir>/<name>.csv``
-(``<name>_quick.csv`` in quick mode), adds environment columns, saves after
-every point (so an interrupted sweep resumes where it stopped) and draws the
-sweep's figure when matplotlib is installed. From the shell::
-
-    python -m paged_numba sweep --list
-    python -m paged_numba sweep merge-rule --quick --out results/
-
-Registered sweeps (:data:`SWEEPS`): ``memory-waste`` and ``merge-rule`` need
-no GPU; ``exactness`` checks kernels against the float64 reference;
-``decode``, ``paging-overhead`` and ``split-k`` time kernels (CUDA events on
-a GPU; on the simulator one wall-clock call per point, which measures the
-simulator, not a kernel).
-
-Examples
---------
->>> s = Sweep("squares", grid={"x": [1, 2, 3]}, quick_grid={"x": [2]},
-...           measure=lambda p: {"y": p["x"] ** 2}, device=False)
->>> s.points(quick=True)
-[{'x': 2}]
->>> import tempfile
->>> with tempfile.TemporaryDirectory() as out:      # writes out/squares.csv
-...     df = run_sweep(s, out_dir=out, progress=False)
->>> df[["x", "y", "gpu"]].values.tolist()
-[[1, 1, 'cpu'], [2, 4, 'cpu'], [3, 9, 'cpu']]
+Each is a grid, a quick grid, a ``measure`` of one point and a figure,
+handed to :func:`paged_numba.sweeps.runner.register`.
 """
-import dataclasses
-import datetime
 import functools
-import importlib.metadata
-import itertools
 import math
-import os
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
-import pandas as pd
 
-from . import serving_sim
-
-ENV_COLUMNS = ("gpu", "numba", "numba_cuda", "numpy", "git_rev", "timestamp", "command")
-L2_BYTES = 60 * 2**20          # inputs of timed kernels are rotated past ~4x this (H200: 60 MB L2)
-MAX_ROTATIONS = 64             # ... in at most this many copies (tiny shapes are host-bound anyway)
-
-
-@dataclasses.dataclass
-class Sweep:
-    """One experiment: a parameter grid and a function measuring one point.
-
-    Parameters
-    ----------
-    name : str
-        Registry key and CSV file name.
-    grid, quick_grid : dict of str -> list
-        Parameter values; the points are the cartesian product. ``quick_grid``
-        should run on the simulator in well under a minute.
-    measure : callable(point: dict) -> dict
-        Metrics of one point. Values must be scalars (written to CSV).
-    description : str
-    figure : callable(df, path), optional
-        Draws one figure of the sweep's DataFrame into the PNG ``path``.
-    device : bool
-        Whether ``measure`` runs kernels (the ``gpu`` column then names the
-        device or ``"simulator"``; otherwise it says ``"cpu"``).
-
-    Examples
-    --------
-    >>> s = Sweep("sums", grid={"a": [1, 2], "b": [10, 20]}, quick_grid={"a": [1], "b": [10]},
-    ...           measure=lambda p: {"total": p["a"] + p["b"]}, device=False)
-    >>> s.points()                        # 2 x 2 points, the last parameter varying fastest
-    [{'a': 1, 'b': 10}, {'a': 1, 'b': 20}, {'a': 2, 'b': 10}, {'a': 2, 'b': 20}]
-    >>> [s.measure(p) for p in s.points(quick=True)]
-    [{'total': 11}]
-    """
-
-    name: str
-    grid: dict
-    quick_grid: dict
-    measure: Callable[[dict], dict]
-    description: str = ""
-    figure: Callable | None = None
-    device: bool = True
-
-    def points(self, quick=False):
-        """The grid's points, as dicts ``{param: value}`` in row-major order."""
-        grid = self.quick_grid if quick else self.grid
-        return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-
-
-SWEEPS: dict[str, Sweep] = {}
-
-
-def register(sweep):
-    """Add ``sweep`` to :data:`SWEEPS` (replacing one of the same name); return it.
-
-    Parameters
-    ----------
-    sweep : Sweep
-
-    Returns
-    -------
-    Sweep
-        ``sweep`` itself, so that ``s = register(Sweep(...))`` keeps a handle.
-
-    Examples
-    --------
-    >>> import shutil, tempfile
-    >>> s = register(Sweep("cubes", grid={"x": [2, 3]}, quick_grid={"x": [2]},
-    ...                    measure=lambda p: {"y": p["x"] ** 3}, device=False))
-    >>> SWEEPS["cubes"] is s, "merge-rule" in SWEEPS
-    (True, True)
-    >>> out = tempfile.mkdtemp()
-    >>> run_sweep("cubes", quick=True, out_dir=out, progress=False)["y"].tolist()   # by name
-    [8]
-    >>> del SWEEPS["cubes"]; shutil.rmtree(out)      # leave the registry as it was
-    """
-    SWEEPS[sweep.name] = sweep
-    return sweep
-
-
-# -- running ------------------------------------------------------------------
-
-def _git_rev():
-    """Short commit of the repository holding this package, or ``"unknown"``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
-        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def device_name():
-    """The CUDA device's name, or ``"simulator"`` under Numba's CUDA simulator.
-
-    Returns
-    -------
-    str
-        E.g. ``"NVIDIA H200"`` on a GPU.
-
-    Examples
-    --------
-    >>> from paged_numba import simulator_enabled
-    >>> (device_name() == "simulator") == simulator_enabled()   # "simulator" on a CPU-only machine
-    True
-    """
-    from . import simulator_enabled
-
-    if simulator_enabled():
-        return "simulator"
-    from numba import cuda
-
-    name = cuda.get_current_device().name
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def _version(dist):
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def environment(device=True):
-    """Environment columns (all but ``timestamp``) for a sweep's rows.
-
-    Parameters
-    ----------
-    device : bool
-        Name the device in ``gpu`` (:func:`device_name`); ``False`` gives ``"cpu"``.
-
-    Returns
-    -------
-    dict of str -> str
-        ``gpu``, ``numba``, ``numba_cuda``, ``numpy`` (versions, ``"unknown"``
-        if not installed) and ``git_rev`` (short commit or ``"unknown"``).
-
-    Examples
-    --------
-    >>> env = environment(device=False)
-    >>> sorted(env)
-    ['git_rev', 'gpu', 'numba', 'numba_cuda', 'numpy']
-    >>> env["gpu"], env["numpy"] == np.__version__
-    ('cpu', True)
-    """
-    return dict(gpu=device_name() if device else "cpu", numba=_version("numba"),
-                numba_cuda=_version("numba-cuda"), numpy=np.__version__, git_rev=_git_rev())
-
-
-class _Progress:
-    """A progress bar with ETA on stderr: redrawn in place on a terminal, one
-    line per point otherwise."""
-
-    def __init__(self, total, label, enabled=True, width=24):
-        self.total, self.label, self.enabled, self.width = total, label, enabled, width
-        self.done, self.start = 0, time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def step(self):
-        self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done)
-        fill = self.width * self.done // max(self.total, 1)
-        line = (f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] {self.done}/{self.total}"
-                f"  {_hms(elapsed)} elapsed, ETA {_hms(eta)}")
-        sys.stderr.write(f"\r{line}" if self.tty else f"{line}\n")
-        if self.tty and self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-def _hms(seconds):
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
-def _save(rows, path, params):
-    """Write ``rows`` (list of dicts) to ``path`` atomically: parameters first,
-    then metrics, then environment columns."""
-    df = pd.DataFrame(rows)
-    rest = [c for c in df.columns if c not in params and c not in ENV_COLUMNS]
-    df = df[[c for c in params if c in df] + rest + [c for c in ENV_COLUMNS if c in df]]
-    df.to_csv(path + ".tmp", index=False)
-    os.replace(path + ".tmp", path)
-
-
-def run_sweep(sweep, quick=False, out_dir="results", progress=True):
-    """Run the points of ``sweep`` missing from its CSV; return all its rows.
-
-    Parameters
-    ----------
-    sweep : Sweep or str
-        A sweep or the name of a registered one.
-    quick : bool
-        Run ``quick_grid`` into ``<out_dir>/<name>_quick.csv`` instead of
-        ``grid`` into ``<out_dir>/<name>.csv``.
-    out_dir : str
-        Created if missing.
-    progress : bool
-        Print a progress bar with ETA to stderr.
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per point: the parameters, the metrics, and ``gpu`` (device
-        name, ``"simulator"`` or ``"cpu"``), ``numba``, ``numba_cuda``,
-        ``numpy`` (versions), ``git_rev``, ``timestamp`` (UTC, ISO 8601) and
-        ``command`` (the CLI call that reproduces the row).
-
-    Notes
-    -----
-    Resume: a point whose parameter values (compared as strings) already have
-    a row in the CSV is not measured again; its row is kept as it is, whatever
-    environment produced it (delete the CSV to measure afresh). The CSV is
-    rewritten after every point. If matplotlib imports, ``sweep.figure``
-    draws ``<out_dir>/<name>[_quick].png`` from all rows.
-
-    Examples
-    --------
-    >>> import os, shutil, tempfile
-    >>> calls = []
-    >>> def halve(p):
-    ...     calls.append(p["x"])
-    ...     return {"half": p["x"] / 2}
-    >>> s = Sweep("halves", grid={"x": [1, 2, 4]}, quick_grid={"x": [2]}, measure=halve,
-    ...           device=False)
-    >>> out = tempfile.mkdtemp()
-    >>> run_sweep(s, quick=True, out_dir=out, progress=False)["half"].tolist()
-    [1.0]
-    >>> df = run_sweep(s, out_dir=out, progress=False)     # the full grid, a separate CSV
-    >>> df["x"].tolist(), df["half"].tolist(), df["gpu"].tolist()
-    ([1, 2, 4], [0.5, 1.0, 2.0], ['cpu', 'cpu', 'cpu'])
-    >>> len(run_sweep(s, out_dir=out, progress=False)), calls   # resumed: nothing re-measured
-    (3, [2, 1, 2, 4])
-    >>> sorted(os.listdir(out))
-    ['halves.csv', 'halves_quick.csv']
-    >>> shutil.rmtree(out)
-    """
-    if isinstance(sweep, str):
-        sweep = SWEEPS[sweep]
-    points = sweep.points(quick)
-    params = list((sweep.quick_grid if quick else sweep.grid))
-    stem = sweep.name + ("_quick" if quick else "")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, stem + ".csv")
-    rows = []
-    if os.path.exists(path) and os.path.getsize(path):
-        rows = pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
-    have = {tuple(str(r.get(p, "")) for p in params) for r in rows}
-    todo = [p for p in points if tuple(str(p[k]) for k in params) not in have]
-    bar = _Progress(len(todo), stem, progress)
-    if progress:
-        print(f"{stem}: {len(todo)} of {len(points)} points to run -> {path}", file=sys.stderr)
-    if todo:
-        env = environment(sweep.device)
-        env["command"] = f"python -m paged_numba sweep {sweep.name}" + (" --quick" if quick else "")
-        for point in todo:
-            metrics = sweep.measure(dict(point))
-            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            rows.append({**point, **metrics, **env, "timestamp": stamp})
-            _save(rows, path, params)
-            bar.step()
-    df = pd.read_csv(path) if rows else pd.DataFrame(columns=params)
-    if sweep.figure is not None and len(df):
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            return df
-        sweep.figure(df, os.path.join(out_dir, stem + ".png"))
-    return df
-
-
-# -- figures --------------------------------------------------------------------
-
-def line_figure(df, path, x, y, series=(), where=None, agg="median", order=None,
-                logx=False, logy=False, title=""):
-    """Save one line plot: ``y`` against ``x``, one line per value of the
-    ``series`` columns, ``agg`` over rows that share them.
-
-    ``where`` (``{column: value}``) keeps matching rows when any match;
-    ``order`` lists the x values of a categorical axis in plotting order.
-
-    Parameters
-    ----------
-    df : pandas.DataFrame
-        A sweep's rows.
-    path : str
-        The PNG to write (nothing is written if ``y`` has no values).
-    x, y : str
-        Columns of the axes.
-    series : sequence of str
-        Columns whose value combinations get one line each.
-    where : dict, optional
-    agg : str
-        pandas aggregation over rows sharing ``x`` and the series values.
-    order : list, optional
-    logx, logy : bool
-        Log axes (x in base 2).
-    title : str
-
-    Examples
-    --------
-    >>> import os, shutil, tempfile
-    >>> import pandas as pd
-    >>> df = pd.DataFrame({"n": [1, 2, 4, 1, 2, 4], "t": [1.0, 2.0, 4.0, 3.0, 2.0, 1.0],
-    ...                    "kind": ["a", "a", "a", "b", "b", "b"]})
-    >>> path = os.path.join(tempfile.mkdtemp(), "t.png")
-    >>> try:
-    ...     import matplotlib
-    ... except ImportError:            # without the "plots" extra there is nothing to draw
-    ...     matplotlib = None
-    >>> if matplotlib is not None:     # two lines, kind=a and kind=b, on a log2 x axis
-    ...     line_figure(df, path, "n", "t", series=["kind"], logx=True, title="t by n")
-    >>> os.path.exists(path) == (matplotlib is not None)
-    True
-    >>> shutil.rmtree(os.path.dirname(path))
-    """
-    from matplotlib.figure import Figure
-
-    if where:
-        mask = np.logical_and.reduce([df[c] == v for c, v in where.items()])
-        if mask.any():
-            df = df[mask]
-            title += " (" + ", ".join(f"{c}={v}" for c, v in where.items()) + ")"
-    if y not in df or df[y].isna().all():
-        return                                  # nothing measured (e.g. every point skipped)
-    df = df[df[y].notna()]
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
-    groups = df.groupby(list(series)) if series else [((), df)]
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        line = g.groupby(x)[y].agg(agg)
-        xs = line.index if order is None else [order.index(v) for v in line.index]
-        line = pd.Series(line.values, index=xs).sort_index()
-        label = ", ".join(f"{c}={v}" for c, v in zip(series, key)) or None
-        ax.plot(line.index, line.values, marker="o", label=label)
-    if order is not None:
-        ax.set_xticks(range(len(order)), order, rotation=45, ha="right")
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+from .. import serving_sim
+from .runner import Sweep, line_figure, register
 
 
 # -- memory-waste: serving_sim ----------------------------------------------------
@@ -614,9 +230,9 @@ def measure_exactness(p):
     >>> r["err_over_bound"] <= 1, r["err_numpy_fp32"] < r["err_kernel"] < 1e-2
     (True, True)
     """
-    from . import PagedKVCache, paged_decode
-    from .reference import paged_decode_reference
-    from .testing import DecodeProblem, decode_reference, ulp
+    from .. import PagedKVCache, paged_decode
+    from ..reference import paged_decode_reference
+    from ..testing import DecodeProblem, decode_reference, ulp   # needs hypothesis
 
     n, ctx, bs = p["num_seqs"], p["context"], p["block_size"]
     blocks_per_seq = -(-ctx // bs)
@@ -661,6 +277,10 @@ register(Sweep(
 
 
 # -- timing: decode, paging-overhead, split-k -------------------------------------------
+
+L2_BYTES = 60 * 2**20          # inputs of timed kernels are rotated past ~4x this (H200: 60 MB L2)
+MAX_ROTATIONS = 64             # ... in at most this many copies (tiny shapes are host-bound anyway)
+
 
 def _event_us(calls, reps=20, warmup=3):
     """Median over ``reps`` of CUDA-event time around all ``calls``, per call (µs)."""
@@ -739,7 +359,7 @@ def measure_decode_time(p, sdpa=False):
     """
     from numba import cuda
 
-    from . import DecodePlan, PagedKVCache, simulator_enabled
+    from .. import DecodePlan, PagedKVCache, simulator_enabled
 
     b, ctx, h, d, bs = p["batch"], p["context"], p["num_heads"], p["head_size"], p["block_size"]
     kvh = h // p["group"]

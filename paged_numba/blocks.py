@@ -1,0 +1,285 @@
+"""Moving whole blocks: ``copy_blocks`` inside a device cache (copy-on-write,
+forks) and ``swap_blocks`` between a device cache and a host pool (preemption
+by swapping). Both take ``(src, dst)`` block pairs, as
+:class:`~paged_numba.block_manager.BlockManager` returns them, and validate
+everything before anything is copied.
+
+A physical block is the contiguous slab ``pool[b]`` (``pool[l, b]`` in a
+layered cache) in every layout, so a block moves as one run of bytes per
+pool: K and V in "nhd", "vllm" and "hnd", the one pool in "interleaved".
+"""
+import numpy as np
+from numba import config, cuda
+
+from ._arrays import logical_dtype, storage_dtype
+from .kernels.copy_blocks import copy_blocks_kernel
+
+MAX_THREADS = 128
+
+
+def _check_cache(cache):
+    """``cache`` is a PagedKVCache (layered or not)."""
+    for attr in ("key_cache", "value_cache", "block_size", "num_blocks", "num_kv_heads",
+                 "head_size", "dtype", "layout"):
+        if not hasattr(cache, attr):
+            raise TypeError(f"cache must be a PagedKVCache, but got {type(cache).__name__}.")
+
+
+def _block_elems(cache):
+    """Elements of one block of one token row pool: ``block_size * num_kv_heads * head_size``."""
+    return cache.block_size * cache.num_kv_heads * cache.head_size
+
+
+def _flat_pools(cache):
+    """The pools as ``[num_layers, num_blocks, elems]`` device views (``num_layers`` 1
+    for a one-layer cache) and whether there is a separate value pool."""
+    layers = cache.num_layers or 1
+    has_value = cache.layout != "interleaved"
+    elems = _block_elems(cache) * (1 if has_value else 2)
+    shape = (layers, cache.num_blocks, elems)
+    k = cache.key_cache.reshape(*shape)
+    return k, (cache.value_cache.reshape(*shape) if has_value else k), has_value
+
+
+def _aligned16(pool):
+    if config.ENABLE_CUDASIM:
+        return True
+    return pool.__cuda_array_interface__["data"][0] % 16 == 0
+
+
+def check_pairs(pairs, num_src, num_dst, same_pool, src_name="source", dst_name="destination"):
+    """``pairs`` as an int64 array ``[num_pairs, 2]``, after checking that sources lie
+    in ``[0, num_src)``, destinations in ``[0, num_dst)``, no destination appears
+    twice and (``same_pool``) no block is both a source and a destination."""
+    arr = np.asarray(pairs)
+    if arr.size == 0 and arr.shape in ((0,), (0, 2)):
+        return np.zeros((0, 2), np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"pairs must hold integer block ids, but got dtype {arr.dtype.name}.")
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise ValueError(f"pairs must be [num_pairs, 2] (source, destination), but got shape "
+                         f"{tuple(arr.shape)}.")
+    arr = arr.astype(np.int64)
+    for col, name, limit in ((0, src_name, num_src), (1, dst_name, num_dst)):
+        bad = np.flatnonzero((arr[:, col] < 0) | (arr[:, col] >= limit))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"pairs[{i}, {col}] ({name} block) is {int(arr[i, col])}, outside "
+                             f"[0, {limit}).")
+    seen = {}
+    for i, d in enumerate(arr[:, 1].tolist()):
+        if d in seen:
+            raise ValueError(f"destination block {d} appears twice in pairs (pairs[{seen[d]}, 1] "
+                             f"and pairs[{i}, 1]); each destination can be written once per call.")
+        seen[d] = i
+    if same_pool:
+        for i, s in enumerate(arr[:, 0].tolist()):
+            if s in seen:
+                raise ValueError(
+                    f"block {s} is both a source (pairs[{i}, 0]) and a destination "
+                    f"(pairs[{seen[s]}, 1]); the pairs of one call are copied concurrently, so "
+                    f"split them into two calls.")
+    return arr
+
+
+def copy_blocks(cache, pairs, *, stream=None):
+    """Copy whole blocks inside ``cache``: block ``dst`` gets block ``src``'s keys
+    and values, for every ``(src, dst)`` pair, in one kernel launch.
+
+    This is the copy of copy-on-write (:meth:`BlockManager.append` returns the
+    pairs) and of forks that duplicate blocks. In a layered cache every layer
+    is copied. Blocks whose size is a multiple of 16 bytes move as 16-byte
+    vectors.
+
+    Parameters
+    ----------
+    cache : PagedKVCache
+        Any layout and dtype, with or without ``num_layers``.
+    pairs : array_like of int, ``[num_pairs, 2]``
+        ``(src, dst)`` physical block ids, each in ``[0, num_blocks)``. No
+        destination may appear twice, and no block may be both a source and
+        a destination in one call (the pairs are copied concurrently).
+    stream : numba stream, optional
+        Launch on this stream (default: the default stream).
+
+    Raises
+    ------
+    ValueError
+        Naming the offending pair, before anything is launched.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from paged_numba import PagedKVCache, write_kv, copy_blocks
+    >>> cache = PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_size=8)
+    >>> write_kv(cache, np.ones((2, 1, 8), np.float16), np.full((2, 1, 8), 2, np.float16),
+    ...          np.array([2, 3]))                         # block 1, offsets 0 and 1
+    >>> copy_blocks(cache, [(1, 0), (1, 3)])              # one launch, two copies
+    >>> K, V = cache.to_host()
+    >>> K[:, :, 0, 0].tolist(), V[:, :, 0, 0].tolist()    # [num_blocks, block_size]
+    ([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0]], [[2.0, 2.0], [2.0, 2.0], [0.0, 0.0], [2.0, 2.0]])
+    >>> copy_blocks(cache, [(0, 2), (2, 3)])
+    Traceback (most recent call last):
+        ...
+    ValueError: block 2 is both a source (pairs[1, 0]) and a destination (pairs[0, 1]); the pairs of one call are copied concurrently, so split them into two calls.
+    """
+    _check_cache(cache)
+    arr = check_pairs(pairs, cache.num_blocks, cache.num_blocks, same_pool=True)
+    if arr.shape[0] == 0:
+        return
+    k, v, has_value = _flat_pools(cache)
+    itemsize = storage_dtype(cache.dtype).itemsize
+    elems = k.shape[2]
+    vec = 16 // itemsize
+    if (elems * itemsize) % 16 or not (_aligned16(k) and _aligned16(v)):
+        vec = 1
+    threads = min(MAX_THREADS, 32 * -(-(elems // vec) // 32))
+    kernel = copy_blocks_kernel(vec, has_value)
+    stream = 0 if stream is None else stream
+    d_pairs = cuda.to_device(arr.astype(np.int32), stream=stream)
+    kernel[(arr.shape[0], k.shape[0]), threads, stream](k, v, d_pairs)
+
+
+def host_pool_shape(cache, num_blocks):
+    """Shape of a host pool of ``num_blocks`` blocks for ``cache``:
+    ``[num_blocks, (num_layers,) 2, block_size * num_kv_heads * head_size]``.
+
+    Host block ``b`` holds the device block's keys (``[..., 0, :]``) and values
+    (``[..., 1, :]``) in the cache layout's element order, so it can only be
+    swapped back into a cache of the same geometry, layout and dtype."""
+    lead = (num_blocks,) + (() if cache.num_layers is None else (cache.num_layers,))
+    return lead + (2, _block_elems(cache))
+
+
+def host_pool(cache, num_blocks):
+    """A zero-filled host pool of ``num_blocks`` blocks for swapping ``cache``'s
+    blocks out (:func:`swap_blocks`).
+
+    Parameters
+    ----------
+    cache : PagedKVCache
+    num_blocks : int
+        Host blocks (> 0), independent of the cache's ``num_blocks``.
+
+    Returns
+    -------
+    numpy.ndarray, ``[num_blocks, (num_layers,) 2, block_size * num_kv_heads * head_size]``
+        In the cache's logical dtype (``ml_dtypes.bfloat16`` for bfloat16); page-locked
+        (pinned) memory when there is a GPU, so copies on a stream are asynchronous.
+
+    Examples
+    --------
+    >>> from paged_numba import PagedKVCache, host_pool
+    >>> cache = PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_size=8)
+    >>> host_pool(cache, 3).shape                  # 16 = 2 * 1 * 8
+    (3, 2, 16)
+    >>> host_pool(PagedKVCache(4, 2, 1, 8, num_layers=5, dtype="bfloat16"), 3).dtype
+    dtype(bfloat16)
+    """
+    _check_cache(cache)
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)) \
+            or num_blocks <= 0:
+        raise ValueError(f"num_blocks must be a positive integer, but got {num_blocks!r}.")
+    shape = host_pool_shape(cache, int(num_blocks))
+    bits = storage_dtype(cache.dtype)
+    if config.ENABLE_CUDASIM:
+        pool = np.zeros(shape, bits)
+    else:
+        pool = cuda.pinned_array(shape, bits)
+        pool.fill(0)
+    return pool.view(cache.dtype)
+
+
+def _check_host_pool(pool, cache, name):
+    if not isinstance(pool, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy host pool (see host_pool) or a PagedKVCache, "
+                        f"but got {type(pool).__name__}.")
+    if logical_dtype(pool) != cache.dtype:
+        raise ValueError(f"{name} must have the same dtype as the cache, but got "
+                         f"{pool.dtype.name} and {cache.dtype.name}.")
+    expected = host_pool_shape(cache, pool.shape[0] if pool.ndim else 0)
+    if pool.shape != expected or pool.shape[0] == 0:
+        raise ValueError(f"{name} must be [num_host_blocks, {', '.join(map(str, expected[1:]))}] "
+                         f"for this cache, but got shape {pool.shape}.")
+    if not pool.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous, but got strides {pool.strides}.")
+    if not pool.flags.writeable:
+        raise ValueError(f"{name} must be writeable.")
+    return pool.view(storage_dtype(cache.dtype))
+
+
+def swap_blocks(src, dst, pairs, *, stream=None):
+    """Copy whole blocks between a device cache and a host pool.
+
+    ``swap_blocks(cache, pool, pairs)`` swaps out (device block ``src`` ->
+    host block ``dst``), ``swap_blocks(pool, cache, pairs)`` swaps in, as
+    :meth:`BlockManager.swap_out` and :meth:`BlockManager.swap_in` return the
+    pairs. Every layer of a layered cache is copied; each (pair, layer, pool)
+    is one ``cudaMemcpyAsync`` of a block.
+
+    Parameters
+    ----------
+    src, dst : PagedKVCache and host pool, in either order
+        The host pool is a NumPy array from :func:`host_pool`, ``[num_host_blocks,
+        (num_layers,) 2, block_size * num_kv_heads * head_size]`` in the cache's dtype.
+    pairs : array_like of int, ``[num_pairs, 2]``
+        ``(src_block, dst_block)``: source ids in the source's range, destination
+        ids in the destination's, no destination twice.
+    stream : numba stream, optional
+        Copy asynchronously on this stream (the host pool must then be pinned,
+        as :func:`host_pool` makes it, and stay alive until the stream is
+        synchronised); default: synchronous copies.
+
+    Raises
+    ------
+    ValueError
+        Naming the offending pair or array, before anything is copied.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from paged_numba import PagedKVCache, write_kv, host_pool, swap_blocks
+    >>> cache = PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_size=8)
+    >>> write_kv(cache, np.ones((1, 1, 8), np.float16), np.zeros((1, 1, 8), np.float16),
+    ...          np.array([6]))                                  # block 3, offset 0
+    >>> pool = host_pool(cache, 2)
+    >>> swap_blocks(cache, pool, [(3, 1)])                       # out: device 3 -> host 1
+    >>> pool[1, 0, :8].tolist()                                  # K of offset 0 ("nhd" order)
+    [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    >>> swap_blocks(pool, cache, [(1, 0)])                       # in: host 1 -> device 0
+    >>> cache.to_host()[0][0, 0, 0].tolist()
+    [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    >>> swap_blocks(pool, cache, [(2, 0)])
+    Traceback (most recent call last):
+        ...
+    ValueError: pairs[0, 0] (host block) is 2, outside [0, 2).
+    """
+    if isinstance(src, np.ndarray):
+        cache, out = dst, False
+    elif isinstance(dst, np.ndarray):
+        cache, out = src, True
+    else:
+        raise TypeError(f"swap_blocks copies between a PagedKVCache and a NumPy host pool, but "
+                        f"got {type(src).__name__} and {type(dst).__name__}.")
+    _check_cache(cache)
+    host = _check_host_pool(dst if out else src, cache, "dst" if out else "src")
+    num_host = host.shape[0]
+    arr = check_pairs(pairs, cache.num_blocks if out else num_host,
+                      num_host if out else cache.num_blocks, same_pool=False,
+                      src_name="device" if out else "host", dst_name="host" if out else "device")
+    if arr.shape[0] == 0:
+        return
+    k, v, has_value = _flat_pools(cache)
+    host = host.reshape(num_host, k.shape[0], 2 * _block_elems(cache))   # [.., layer, K|V]
+    pools = (k, v) if has_value else (k,)
+    half = k.shape[2]
+    stream = 0 if stream is None else stream
+    for s, d in arr.tolist():
+        dev_b, host_b = (s, d) if out else (d, s)
+        for layer in range(k.shape[0]):
+            for j, pool in enumerate(pools):
+                h = host[host_b, layer, j * half:(j + 1) * half]
+                if out:
+                    pool[layer, dev_b].copy_to_host(h, stream=stream)
+                else:
+                    pool[layer, dev_b].copy_to_device(h, stream=stream)

@@ -1,0 +1,382 @@
+"""The sweep machinery: :class:`Sweep`, the registry :data:`SWEEPS`,
+:func:`run_sweep` (points, resume, environment columns, CSV) and
+:func:`line_figure`.
+
+pandas (the ``sweeps`` extra) is imported only where a DataFrame is made or
+read, tqdm only for the progress bar and matplotlib only for figures, so
+that the registry can be listed with the core install.
+"""
+import dataclasses
+import datetime
+import importlib
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+from .._env import package_version
+
+ENV_COLUMNS = ("gpu", "numba", "numba_cuda", "numpy", "git_rev", "timestamp", "command")
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message names the extra
+    that installs it."""
+
+
+def require(module, extra):
+    """Import and return ``module``, or raise :class:`MissingExtra` naming the
+    ``extra`` of ``paged-numba`` that installs it.
+
+    >>> require("numpy", "sweeps").__name__
+    'numpy'
+    >>> require("no_such_module", "plots")
+    Traceback (most recent call last):
+        ...
+    paged_numba.sweeps.runner.MissingExtra: no_such_module is not installed; install it with: pip install -e ".[plots]"
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise MissingExtra(f'{module} is not installed; install it with: '
+                           f'pip install -e ".[{extra}]"') from None
+
+
+@dataclasses.dataclass
+class Sweep:
+    """One experiment: a parameter grid and a function measuring one point.
+
+    Parameters
+    ----------
+    name : str
+        Registry key and CSV file name.
+    grid, quick_grid : dict of str -> list
+        Parameter values; the points are the cartesian product. ``quick_grid``
+        should run on the simulator in well under a minute.
+    measure : callable(point: dict) -> dict
+        Metrics of one point. Values must be scalars (written to CSV).
+    description : str
+    figure : callable(df, path), optional
+        Draws one figure of the sweep's DataFrame into the PNG ``path``.
+    device : bool
+        Whether ``measure`` runs kernels (the ``gpu`` column then names the
+        device or ``"simulator"``; otherwise it says ``"cpu"``).
+
+    Examples
+    --------
+    >>> s = Sweep("sums", grid={"a": [1, 2], "b": [10, 20]}, quick_grid={"a": [1], "b": [10]},
+    ...           measure=lambda p: {"total": p["a"] + p["b"]}, device=False)
+    >>> s.points()                        # 2 x 2 points, the last parameter varying fastest
+    [{'a': 1, 'b': 10}, {'a': 1, 'b': 20}, {'a': 2, 'b': 10}, {'a': 2, 'b': 20}]
+    >>> [s.measure(p) for p in s.points(quick=True)]
+    [{'total': 11}]
+    """
+
+    name: str
+    grid: dict
+    quick_grid: dict
+    measure: Callable[[dict], dict]
+    description: str = ""
+    figure: Callable | None = None
+    device: bool = True
+
+    def points(self, quick=False):
+        """The grid's points, as dicts ``{param: value}`` in row-major order."""
+        grid = self.quick_grid if quick else self.grid
+        return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+SWEEPS: dict[str, Sweep] = {}
+
+
+def register(sweep):
+    """Add ``sweep`` to :data:`SWEEPS` (replacing one of the same name); return it.
+
+    Parameters
+    ----------
+    sweep : Sweep
+
+    Returns
+    -------
+    Sweep
+        ``sweep`` itself, so that ``s = register(Sweep(...))`` keeps a handle.
+
+    Examples
+    --------
+    >>> import shutil, tempfile
+    >>> s = register(Sweep("cubes", grid={"x": [2, 3]}, quick_grid={"x": [2]},
+    ...                    measure=lambda p: {"y": p["x"] ** 3}, device=False))
+    >>> SWEEPS["cubes"] is s, "merge-rule" in SWEEPS
+    (True, True)
+    >>> out = tempfile.mkdtemp()
+    >>> run_sweep("cubes", quick=True, out_dir=out, progress=False)["y"].tolist()   # by name
+    [8]
+    >>> del SWEEPS["cubes"]; shutil.rmtree(out)      # leave the registry as it was
+    """
+    SWEEPS[sweep.name] = sweep
+    return sweep
+
+
+# -- running ------------------------------------------------------------------
+
+def _git_rev():
+    """Short commit of the repository holding this package, or ``"unknown"``."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name():
+    """The CUDA device's name, or ``"simulator"`` under Numba's CUDA simulator.
+
+    Returns
+    -------
+    str
+        E.g. ``"NVIDIA H200"`` on a GPU.
+
+    Examples
+    --------
+    >>> from paged_numba import simulator_enabled
+    >>> (device_name() == "simulator") == simulator_enabled()   # "simulator" on a CPU-only machine
+    True
+    """
+    from .. import simulator_enabled
+
+    if simulator_enabled():
+        return "simulator"
+    from numba import cuda
+
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def environment(device=True):
+    """Environment columns (all but ``timestamp``) for a sweep's rows.
+
+    Parameters
+    ----------
+    device : bool
+        Name the device in ``gpu`` (:func:`device_name`); ``False`` gives ``"cpu"``.
+
+    Returns
+    -------
+    dict of str -> str
+        ``gpu``, ``numba``, ``numba_cuda``, ``numpy`` (versions, ``"unknown"``
+        if not installed) and ``git_rev`` (short commit or ``"unknown"``).
+
+    Examples
+    --------
+    >>> env = environment(device=False)
+    >>> sorted(env)
+    ['git_rev', 'gpu', 'numba', 'numba_cuda', 'numpy']
+    >>> env["gpu"], env["numpy"] == np.__version__
+    ('cpu', True)
+    """
+    return dict(gpu=device_name() if device else "cpu", numba=package_version("numba"),
+                numba_cuda=package_version("numba-cuda"), numpy=np.__version__,
+                git_rev=_git_rev())
+
+
+def _progress_bar(total, label):
+    """tqdm's bar on stderr over ``total`` points (its ETA), or None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=label, unit="point", file=sys.stderr, dynamic_ncols=True)
+
+
+def _save(rows, path, params):
+    """Write ``rows`` (list of dicts) to ``path`` atomically: parameters first,
+    then metrics, then environment columns."""
+    pd = require("pandas", "sweeps")
+    df = pd.DataFrame(rows)
+    rest = [c for c in df.columns if c not in params and c not in ENV_COLUMNS]
+    df = df[[c for c in params if c in df] + rest + [c for c in ENV_COLUMNS if c in df]]
+    df.to_csv(path + ".tmp", index=False)
+    os.replace(path + ".tmp", path)
+
+
+def run_sweep(sweep, quick=False, out_dir="results", progress=True):
+    """Run the points of ``sweep`` missing from its CSV; return all its rows.
+
+    Parameters
+    ----------
+    sweep : Sweep or str
+        A sweep or the name of a registered one.
+    quick : bool
+        Run ``quick_grid`` into ``<out_dir>/<name>_quick.csv`` instead of
+        ``grid`` into ``<out_dir>/<name>.csv``.
+    out_dir : str
+        Created if missing.
+    progress : bool
+        Print the number of points to run and a progress bar with ETA to
+        stderr (tqdm's, advancing per point; no bar when tqdm is missing).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per point: the parameters, the metrics, and ``gpu`` (device
+        name, ``"simulator"`` or ``"cpu"``), ``numba``, ``numba_cuda``,
+        ``numpy`` (versions), ``git_rev``, ``timestamp`` (UTC, ISO 8601) and
+        ``command`` (the CLI call that reproduces the row).
+
+    Notes
+    -----
+    Resume: a point whose parameter values (compared as strings) already have
+    a row in the CSV is not measured again; its row is kept as it is, whatever
+    environment produced it (delete the CSV to measure afresh). The CSV is
+    rewritten after every point. If matplotlib imports, ``sweep.figure``
+    draws ``<out_dir>/<name>[_quick].png`` from all rows. Needs pandas (the
+    ``sweeps`` extra): without it, :class:`MissingExtra` is raised before
+    anything runs.
+
+    Examples
+    --------
+    >>> import os, shutil, tempfile
+    >>> calls = []
+    >>> def halve(p):
+    ...     calls.append(p["x"])
+    ...     return {"half": p["x"] / 2}
+    >>> s = Sweep("halves", grid={"x": [1, 2, 4]}, quick_grid={"x": [2]}, measure=halve,
+    ...           device=False)
+    >>> out = tempfile.mkdtemp()
+    >>> run_sweep(s, quick=True, out_dir=out, progress=False)["half"].tolist()
+    [1.0]
+    >>> df = run_sweep(s, out_dir=out, progress=False)     # the full grid, a separate CSV
+    >>> df["x"].tolist(), df["half"].tolist(), df["gpu"].tolist()
+    ([1, 2, 4], [0.5, 1.0, 2.0], ['cpu', 'cpu', 'cpu'])
+    >>> len(run_sweep(s, out_dir=out, progress=False)), calls   # resumed: nothing re-measured
+    (3, [2, 1, 2, 4])
+    >>> sorted(os.listdir(out))
+    ['halves.csv', 'halves_quick.csv']
+    >>> shutil.rmtree(out)
+    """
+    pd = require("pandas", "sweeps")
+    if isinstance(sweep, str):
+        sweep = SWEEPS[sweep]
+    points = sweep.points(quick)
+    params = list((sweep.quick_grid if quick else sweep.grid))
+    stem = sweep.name + ("_quick" if quick else "")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, stem + ".csv")
+    rows = []
+    if os.path.exists(path) and os.path.getsize(path):
+        rows = pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+    have = {tuple(str(r.get(p, "")) for p in params) for r in rows}
+    todo = [p for p in points if tuple(str(p[k]) for k in params) not in have]
+    if progress:
+        print(f"{stem}: {len(todo)} of {len(points)} points to run -> {path}", file=sys.stderr)
+    if todo:
+        env = environment(sweep.device)
+        env["command"] = f"python -m paged_numba sweep {sweep.name}" + (" --quick" if quick else "")
+        bar = _progress_bar(len(todo), stem) if progress else None
+        try:
+            for point in todo:
+                metrics = sweep.measure(dict(point))
+                stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                rows.append({**point, **metrics, **env, "timestamp": stamp})
+                _save(rows, path, params)
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+    df = pd.read_csv(path) if rows else pd.DataFrame(columns=params)
+    if sweep.figure is not None and len(df):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return df
+        sweep.figure(df, os.path.join(out_dir, stem + ".png"))
+    return df
+
+
+# -- figures --------------------------------------------------------------------
+
+def line_figure(df, path, x, y, series=(), where=None, agg="median", order=None,
+                logx=False, logy=False, title=""):
+    """Save one line plot: ``y`` against ``x``, one line per value of the
+    ``series`` columns, ``agg`` over rows that share them.
+
+    ``where`` (``{column: value}``) keeps matching rows when any match;
+    ``order`` lists the x values of a categorical axis in plotting order.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep's rows.
+    path : str
+        The PNG to write (nothing is written if ``y`` has no values).
+    x, y : str
+        Columns of the axes.
+    series : sequence of str
+        Columns whose value combinations get one line each.
+    where : dict, optional
+    agg : str
+        pandas aggregation over rows sharing ``x`` and the series values.
+    order : list, optional
+    logx, logy : bool
+        Log axes (x in base 2).
+    title : str
+
+    Examples
+    --------
+    >>> import os, shutil, tempfile
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"n": [1, 2, 4, 1, 2, 4], "t": [1.0, 2.0, 4.0, 3.0, 2.0, 1.0],
+    ...                    "kind": ["a", "a", "a", "b", "b", "b"]})
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.png")
+    >>> try:
+    ...     import matplotlib
+    ... except ImportError:            # without the "plots" extra there is nothing to draw
+    ...     matplotlib = None
+    >>> if matplotlib is not None:     # two lines, kind=a and kind=b, on a log2 x axis
+    ...     line_figure(df, path, "n", "t", series=["kind"], logx=True, title="t by n")
+    >>> os.path.exists(path) == (matplotlib is not None)
+    True
+    >>> shutil.rmtree(os.path.dirname(path))
+    """
+    from matplotlib.figure import Figure
+    pd = require("pandas", "sweeps")
+
+    if where:
+        mask = np.logical_and.reduce([df[c] == v for c, v in where.items()])
+        if mask.any():
+            df = df[mask]
+            title += " (" + ", ".join(f"{c}={v}" for c, v in where.items()) + ")"
+    if y not in df or df[y].isna().all():
+        return                                  # nothing measured (e.g. every point skipped)
+    df = df[df[y].notna()]
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    groups = df.groupby(list(series)) if series else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        line = g.groupby(x)[y].agg(agg)
+        xs = line.index if order is None else [order.index(v) for v in line.index]
+        line = pd.Series(line.values, index=xs).sort_index()
+        label = ", ".join(f"{c}={v}" for c, v in zip(series, key)) or None
+        ax.plot(line.index, line.values, marker="o", label=label)
+    if order is not None:
+        ax.set_xticks(range(len(order)), order, rotation=45, ha="right")
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
