@@ -18,8 +18,9 @@ the caller means: ``ml_dtypes.bfloat16`` for a NumPy bf16 array or a
 >>> d, from_host = as_device(x, "x")
 >>> np.dtype(d.dtype).name, logical_dtype(x).name, from_host
 ('uint16', 'bfloat16', True)
->>> to_host(d, logical_dtype(x))
-array([1, -2.5], dtype=bfloat16)
+>>> y = to_host(d, logical_dtype(x))
+>>> y.dtype.name, y.astype(np.float32).tolist()
+('bfloat16', [1.0, -2.5])
 """
 import ml_dtypes
 import numpy as np
