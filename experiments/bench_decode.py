@@ -28,7 +28,8 @@ and the time is the graph's own, not the host's submission of it
 (``--idle-start`` times from an idle device instead, as before 2026-11-30;
 on the H200 machine that measured 0.2-1 us more per call on the two small
 headline rows, for SDPA and for ours, and no difference past the noise on
-the large ones: ``experiments/NOTES.md``, session 9).
+the large ones: ``docs/journal/tooling.md``, "The replay queued behind a spin
+kernel, 2026-11-30").
 The device's copy bandwidth is measured in the same run.
 Bytes counted: one read of K and V (``2 * seq_len * num_kv_heads *
 head_size * itemsize`` per sequence) plus the query and the output.
@@ -322,7 +323,7 @@ GRID_FIELDS = ["run_id", "gpu", "impl", "batch", "context", "num_heads", "num_kv
 
 
 def full_grid(args):
-    """Issue-3 grid: per configuration, the default (heuristic) partition count,
+    """The full grid: per configuration, the default (heuristic) partition count,
     the unsplit kernel (P = 1), the best P of a sweep, and SDPA."""
     gpu = torch.cuda.get_device_name()
     run_id = new_run_id()

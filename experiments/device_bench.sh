@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's decode measurements: headline table, tuning, partition sweep,
+# One GPU machine's decode measurements: headline table, tuning, partition sweep,
 # a slice of the gpu-profile tests, and an ncu profile of the default kernel.
 # Usage (repository root, numpy<2.5 wheel in .whl/): bash experiments/device_bench.sh OUTDIR [STEPS]
 set -uo pipefail

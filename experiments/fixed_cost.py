@@ -4,7 +4,8 @@ over a context sweep, for paged_numba at fixed partition counts and for SDPA.
     python experiments/fixed_cost.py --out results/fixed_cost_h200.csv
 
 On the headline shapes, paged_numba streams within a few percent of SDPA's
-rate but pays 5-8 us more per call (``experiments/NOTES.md``, session 8).
+rate but pays 5-8 us more per call (``docs/journal/decode_tc.md``, decode v8,
+2026-11-30: "What is left of the gap").
 This times fp16, 32/8 heads, head size 128, block size 16, random tables,
 at ``--batches`` x ``--contexts`` with each of ``--partitions`` forced, and
 SDPA on the same shapes (``bench_decode.bench_config``, so the same method:
@@ -12,8 +13,9 @@ rotated inputs, CUDA graphs, medians); then fits ``c`` and ``BW`` per
 (implementation, batch, partitions) by least squares and prints them with
 the time of replaying graphs of 1 and 4 tiny kernels, timed the same way.
 That is not a floor of a long kernel's replay: with the idle-start timing
-of session 9's run it was 19.6 us for one kernel and 4.7 us a kernel for
-four, the host's submission of the replay (``experiments/NOTES.md``).
+of run 20261130T121639Z-621ff5 it was 19.6 us for one kernel and 4.7 us a
+kernel for four, the host's submission of the replay
+(``docs/journal/decode_tc.md``, "decode v8: where the fixed cost goes").
 One CSV row per timing, plus the fits (``context`` empty).
 
     python experiments/fixed_cost.py --kernels       # print only

@@ -3,9 +3,9 @@
 # (nvidia-h200-x2: 32 cores): lane A's selections one after the other on GPU 0
 # with cores 0-15, lane B's on GPU 1 with cores 16-31, each with pytest -n 16.
 # A lane is one argument, its selections separated by spaces. Logs go to $OUT/selN.log.
-# Usage (repository root, .whl carried as for gpu_tests.sh); as timed in session 10
-# (seconds, one GPU and 16 cores each): 1 ~550 (470 in session 9: leave it a lane of
-# its own), 2 ~310, 3 ~230, 4 ~170, 5 ~190, 6 ~170:
+# Usage (repository root, .whl carried as for gpu_tests.sh); as timed on tree ddd1dc4,
+# 2026-11-30 (seconds, one GPU and 16 cores each): 1 ~550 (~470 on bcfd38b: leave it a
+# lane of its own), 2 ~310, 3 ~230, 4 ~170, 5 ~190, 6 ~170:
 #   CHECK=1 bash experiments/gpu_pair.sh 1 "2 4"; bash experiments/gpu_pair.sh "5 6" 3
 set -uo pipefail
 OUT=${OUT:-/tmp}

@@ -10,7 +10,8 @@ or kept in registers), ``-r<N>`` (at most N registers a thread), ``-fx``
 (``fast_exp2``), ``-fma`` (``fma_softmax``), ``-tok`` (``token_copies``),
 ``-mt2`` (``m_tiles=2``: 32 rows a warp), ``-h<N>`` (N query heads a tile,
 up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
-decode); or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
+decode), ``-p<N>`` (split-K in N parts); ``default`` (the plan's default
+tiling and options) or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
 
 Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
 16, random block tables, as in ``bench_prefill.py``) and ``decode-64x4096``
@@ -40,7 +41,8 @@ from paged_numba import _launch
 # query sees every key (bottom-right causal)
 CASES = {"causal-8x2048": (8, 2048, 2048), "causal-2x8192": (2, 8192, 8192),
          "causal-1x16384": (1, 16384, 16384), "causal-4x512": (4, 512, 512),
-         "decode-64x4096": (64, 1, 4096)}
+         "decode-64x4096": (64, 1, 4096), "decode-16x4096": (16, 1, 4096),
+         "decode-1x32768": (1, 1, 32768)}
 
 
 def timed(call, reps, flush):
@@ -101,8 +103,10 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
 def variant_plan(name, cache, cu, lens, num_heads):
     if name == "cuda-cores":
         return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=False)
+    if name == "default":
+        return pn.PrefillPlan(cache, cu, lens, num_heads)
     m = re.fullmatch(r"w(\d+)n(\d+)((?:-[a-z0-9]+)*)", name)
-    hpb = None
+    hpb = parts = None
     if not m:
         raise SystemExit(f"bad variant {name!r}")
     nw, bn, opts = int(m.group(1)), int(m.group(2)), m.group(3).split("-")[1:]
@@ -114,10 +118,13 @@ def variant_plan(name, cache, cu, lens, num_heads):
             options["max_registers"] = int(o[1:])
         elif re.fullmatch(r"h\d+", o):
             hpb = int(o[1:])
+        elif re.fullmatch(r"p\d+", o):
+            parts = int(o[1:])
         else:
             raise SystemExit(f"bad option {o!r} in {name!r}")
     return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=True, num_warps=nw,
-                          block_n=bn, heads_per_block=hpb, kernel_options=options)
+                          block_n=bn, heads_per_block=hpb, kernel_options=options,
+                          num_parts=parts)
 
 
 def main():

@@ -18,7 +18,7 @@ from paged_numba.kernels import decode_tc
 
 VARIANTS = {
     "default": {},                                   # what the launcher picks
-    "v7.1": dict(pv_mma=False, key_rows=False),      # P @ V in FMAs, keys by lane (session 6)
+    "v7.1": dict(pv_mma=False, key_rows=False),      # P @ V in FMAs, keys by lane (decode v7.1)
     "v5": dict(prefetch=False, unroll_pv=False, max_registers=None, pv_mma=False,
                key_rows=False),
     "no-register-cap": dict(max_registers=None),

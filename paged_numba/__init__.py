@@ -27,11 +27,13 @@ from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
 from .block_manager import BlockManager  # noqa: E402
 from .blocks import copy_blocks, host_pool, swap_blocks  # noqa: E402
+from .cascade import CascadeDecodePlan, cascade_decode  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["BlockAllocator", "DecodePlan", "OutOfBlocksError", "PagedKVCache", "PrefillPlan",
            "merge_states", "paged_decode", "paged_prefill", "write_kv", "simulator_enabled"]
 __all__ += ["BlockManager", "copy_blocks", "host_pool", "swap_blocks"]
+__all__ += ["CascadeDecodePlan", "cascade_decode"]
 
 
 def simulator_enabled():

@@ -3,9 +3,12 @@
   python -m paged_numba info                 device, versions, simulator support
   python -m paged_numba sweep --list         the registered sweeps
   python -m paged_numba sweep NAME [--quick] [--out DIR] [--no-progress]
+  python -m paged_numba sweep NAME --plot [--quick] [--out DIR]
 
 A sweep writes DIR/NAME.csv (DIR/NAME_quick.csv with --quick) and, when
-matplotlib is installed, a figure beside it. Running one needs the "sweeps"
+matplotlib is installed, a figure beside it. --plot measures nothing: it
+redraws the figure from the CSV already in DIR (e.g. a GPU run's CSV on a
+machine without a GPU). Running one needs the "sweeps"
 extra (pip install -e ".[sweeps]"), its figure the "plots" extra; --list
 and info need neither.
 
@@ -80,12 +83,14 @@ def main(argv=None):
     sw.add_argument("--quick", action="store_true", help="run the small grid (simulator-sized)")
     sw.add_argument("--out", default="results", help="output directory (default: results/)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sw.add_argument("--plot", action="store_true",
+                    help="only redraw the figure from the CSV in --out (measures nothing)")
     args = parser.parse_args(argv)
 
     if args.command == "info":
         info()
         return 0
-    from paged_numba.sweeps import SWEEPS, MissingExtra, require, run_sweep
+    from paged_numba.sweeps import SWEEPS, MissingExtra, plot_sweep, require, run_sweep
 
     if args.list:
         width = max(map(len, SWEEPS))
@@ -98,6 +103,16 @@ def main(argv=None):
         parser.exit(2, f"{sw.prog}: error: unknown sweep {args.name!r}; choose from "
                        f"{', '.join(SWEEPS)}\n")
     sweep = SWEEPS[args.name]
+    if args.plot:
+        try:
+            require("pandas", "sweeps")
+            require("matplotlib", "plots")
+            print(plot_sweep(sweep, quick=args.quick, out_dir=args.out))
+        except MissingExtra as e:
+            parser.exit(1, f"{sw.prog}: error: {e}\n")
+        except (FileNotFoundError, ValueError) as e:
+            parser.exit(2, f"{sw.prog}: error: {e}\n")
+        return 0
     if sweep.device and not args.quick:
         import paged_numba
 

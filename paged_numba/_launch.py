@@ -13,7 +13,12 @@ back to an ordinary launch.
 launches (split-K decode and its merge): it captures them once into a CUDA
 graph, and each call is one ``cuGraphLaunch``, which on the H200 machine
 costs 3.3 us of host time against 5.9 us for one ``cuLaunchKernel`` and
-15.8 us for two (``experiments/NOTES.md``, session 6).
+15.8 us for two (``docs/journal/tooling.md``, "One graph launch per run,
+2026-11-29").
+
+Every kernel the public functions launch goes through :func:`launch`,
+:class:`PackedLaunch` or :class:`GraphLaunch`, and :func:`launch_count`
+counts them, so tests can tell that a rejected call launched nothing.
 """
 import ctypes
 import functools
@@ -24,6 +29,26 @@ from numba import config, cuda
 from .kernels.tuning import (  # noqa: F401
     REGISTER_SLACK, REGS_PER_SM, SHARED_PER_SM, SIMULATED_RESIDENT_BLOCKS, blocks_by_registers,
     dynamic_shared, register_cap, register_limit, resident_blocks)
+
+
+_launches = [0]     # kernels launched so far, in this process
+
+
+def launch_count():
+    """Kernels launched through this module so far (a graph launch counts
+    each kernel it holds).
+
+    >>> before = launch_count()
+    >>> launch_count() - before
+    0
+    """
+    return _launches[0]
+
+
+def launch(dispatcher, grid, block, args, stream=0, shared=0):
+    """``dispatcher[grid, block, stream, shared](*args)``, counted by :func:`launch_count`."""
+    _launches[0] += 1
+    dispatcher[grid, block, stream, shared](*args)
 
 
 def stream_handle(stream):
@@ -88,6 +113,11 @@ class PackedLaunch:
         self._ok = drv.CUresult.CUDA_SUCCESS
 
     def __call__(self, stream=None):
+        _launches[0] += 1
+        self._enqueue(stream)
+
+    def _enqueue(self, stream):
+        """The launch itself, not counted (a graph capture calls this)."""
         if config.ENABLE_CUDASIM:
             # the simulator runs kernels synchronously: any stream is the default one
             self.dispatcher[self.grid, self.block, cuda.default_stream(), self.shared](*self.args)
@@ -133,8 +163,8 @@ class GraphLaunch:
         if err != ok:
             raise RuntimeError(f"cuStreamBeginCapture failed: {err!r}")
         try:
-            for launch in self.launches:
-                launch(int(stream))
+            for packed in self.launches:
+                packed._enqueue(int(stream))
         finally:
             err, graph = drv.cuStreamEndCapture(stream)
         if err != ok:
@@ -151,15 +181,16 @@ class GraphLaunch:
 
     def __call__(self, stream=None):
         if self._exec is None:
-            for launch in self.launches:
-                launch(stream)
+            for packed in self.launches:
+                packed(stream)
             return
         handle = stream_handle(stream)
         err, status = self._is_capturing(handle)
         if err != self._ok or status != self._not_capturing:
-            for launch in self.launches:
-                launch(handle)
+            for packed in self.launches:
+                packed(handle)
             return
+        _launches[0] += len(self.launches)
         err, = self._launch(self._exec, handle)
         if err != self._ok:
             raise RuntimeError(f"cuGraphLaunch failed: {err!r}")

@@ -1,11 +1,18 @@
 """Input checks shared by the public functions. Each raises before any launch
-with a message that names the offending value."""
+with a message that names the offending value. Scalar and integer-array
+checks (types, ranges before narrowing to int32) are in ``_checks``."""
+import math
+
 import numpy as np
 
+from . import _arrays
+from . import _checks as C
 from ._arrays import BFLOAT16, logical_dtype, storage_dtype
+from .page_tables import check_offsets
 
 
 MAX_HEAD_SIZE = 256
+MAX_GRID_YZ = 65535     # CUDA's limit on gridDim.y and gridDim.z
 
 
 def shape_of(x):
@@ -55,6 +62,8 @@ def check_query(query, q, cache, meaning):
     head_size]`` (``meaning`` names the rows) and fits ``cache``; returns its shape."""
     check_ndim("query", q, 3, meaning)
     rows, num_heads, head_size = shape_of(q)
+    if num_heads < 1:
+        raise ValueError(f"query must have at least one head, but got shape {shape_of(q)}.")
     check_dtype("query", query, cache.dtype)
     if head_size != cache.head_size:
         raise ValueError(
@@ -80,6 +89,91 @@ def check_int_array(name, x):
     dtype = logical_dtype(x)
     if not np.issubdtype(dtype, np.integer):
         raise ValueError(f"{name} must hold integers, but got dtype {dtype.name}.")
+
+
+def int32_device(name, x, validate):
+    """``(device int32 array, host copy)`` of a kernel's integer array argument.
+
+    A NumPy array is checked against the int32 range before it is narrowed
+    (always: it is on the host anyway) and copied to the device; a CUDA
+    array must already be int32, and its host copy is made only when
+    ``validate`` (else None)."""
+    if isinstance(x, np.ndarray):
+        host = np.ascontiguousarray(C.int_array(name, x))
+        return _arrays.as_device(host, name)[0], host
+    dev, _ = _arrays.as_device(x, name)      # a TypeError naming it if x is not an array
+    check_int_array(name, x)
+    if np.dtype(dev.dtype) != np.int32:
+        raise ValueError(f"{name} on the device must be int32, but got {np.dtype(dev.dtype).name}.")
+    return dev, (dev.copy_to_host() if validate else None)
+
+
+def padded_tables(block_tables, seq_lens, cache, validate):
+    """Accept a padded table or FlashInfer's CSR triple; return ``(block_tables, seq_lens)``.
+
+    A CSR page table ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
+    kv_last_page_len [num_seqs])`` is converted to the padded ``[num_seqs,
+    max_blocks]`` form on the host (``seq_lens`` may then be None: it follows
+    from the CSR arrays)."""
+    if not (isinstance(block_tables, (tuple, list)) and len(block_tables) == 3):
+        if seq_lens is None:
+            raise ValueError("seq_lens is required with a padded block table.")
+        return block_tables, seq_lens
+    from .page_tables import csr_to_padded, validate_csr
+
+    indptr, indices, last = (np.asarray(_arrays.to_host(a)) for a in block_tables)
+    if validate:
+        validate_csr(indptr, indices, last, cache.num_blocks, cache.block_size)
+    tables, lens = csr_to_padded(indptr, indices, last, cache.block_size)
+    if seq_lens is not None:
+        given = np.asarray(_arrays.to_host(seq_lens))
+        if given.shape != lens.shape or not np.array_equal(given, lens):
+            raise ValueError(f"seq_lens {given.tolist()} disagree with the CSR page table, "
+                             f"which gives {lens.tolist()}.")
+    return tables, lens
+
+
+def check_context(max_blocks, block_size):
+    """A table of ``max_blocks`` columns addresses fewer tokens than int32 holds."""
+    if max_blocks * block_size > C.INT32_MAX:
+        raise ValueError(f"max_blocks * block_size = {max_blocks} * {block_size} tokens must "
+                         f"be at most {C.INT32_MAX} (int32 positions).")
+
+
+def scale_of(scale, head_size):
+    """The logit scale as a float: ``1 / sqrt(head_size)`` for None, else checked."""
+    return 1.0 / math.sqrt(head_size) if scale is None else C.real("scale", scale)
+
+
+def variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
+    """Checked ``(alibi_slopes device [num_heads] float32, soft_cap, window)`` kernel
+    arguments: zeros, 0.0 and 0 for None.
+
+    The window is an integer in ``[1, 2**31 - 1]``; the soft cap a positive
+    finite number; the slopes ``[num_heads]`` floats, finite, and (like the
+    scale) at most :data:`_checks.KERNEL_FLOAT_MAX` in magnitude."""
+    window = 0
+    if sliding_window is not None:
+        window = C.integer("sliding_window", sliding_window, lo=1, hi=C.INT32_MAX)
+    soft_cap = 0.0
+    if logits_soft_cap is not None:
+        soft_cap = C.real("logits_soft_cap", logits_soft_cap, positive=True)
+    if alibi_slopes is None:
+        slopes = np.zeros(num_heads, np.float32)
+    else:
+        slopes = np.asarray(_arrays.to_host(alibi_slopes))
+        if slopes.shape != (num_heads,) or not np.issubdtype(slopes.dtype, np.floating):
+            raise ValueError(f"alibi_slopes must be float [num_heads] = [{num_heads}], but got "
+                             f"{slopes.dtype} {shape_of(slopes)}.")
+        slopes = slopes.astype(np.float64)
+        bad = np.flatnonzero(~(np.abs(slopes) <= C.KERNEL_FLOAT_MAX))    # NaN, Inf, too large
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"alibi_slopes[{i}] is {float(slopes[i])!r}; slopes must be finite and at "
+                             f"most {C.KERNEL_FLOAT_MAX:.4g} in magnitude (the kernels compute "
+                             f"in float32).")
+        slopes = slopes.astype(np.float32)
+    return _arrays.as_device(slopes, "alibi_slopes")[0], np.float32(soft_cap), np.int32(window)
 
 
 def check_tables(block_tables, seq_lens, num_blocks, block_size):
@@ -111,3 +205,50 @@ def check_tables(block_tables, seq_lens, num_blocks, block_size):
             f"block_tables[{i}, {j}] is {int(block_tables[i, j])}, but sequence {i} "
             f"(seq_len {int(seq_lens[i])}) uses its first {int(used[i])} entries, which must "
             f"be block ids in [0, {num_blocks}).")
+
+
+def check_lengths(cu_seqlens_q, seq_lens, total_q):
+    """Check ``cu_seqlens_q [num_seqs + 1]`` against ``seq_lens [num_seqs]``
+    and ``total_q`` query rows (host arrays): it starts at 0, never
+    decreases, ends at ``total_q``, and no sequence has more queries than
+    tokens in the cache. Returns the query lengths ``[num_seqs]``.
+
+    Parameters
+    ----------
+    cu_seqlens_q : array of int, ``[num_seqs + 1]``
+        Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``.
+    seq_lens : numpy.ndarray of int, ``[num_seqs]``
+        Tokens of each sequence in the cache, this step's included.
+    total_q : int
+        Query rows in all.
+
+    Returns
+    -------
+    q_lens : numpy.ndarray, ``[num_seqs]``
+        ``numpy.diff(cu_seqlens_q)``; ``ValueError`` names the first problem.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_lengths(np.array([0, 10, 13, 14]), np.array([10, 20, 1]), total_q=14)
+    array([10,  3,  1])
+    >>> check_lengths(np.array([0, 4, 5]), np.array([3, 9]), total_q=5)
+    Traceback (most recent call last):
+        ...
+    ValueError: sequence 0 has q_len 4 query tokens but seq_lens[0] = 3; seq_lens must count the cached tokens plus this step's, so q_len <= seq_len.
+    """
+    cu = np.asarray(cu_seqlens_q)
+    if cu.ndim != 1 or cu.size != seq_lens.size + 1:
+        raise ValueError(f"cu_seqlens_q must be [num_seqs + 1] = [{seq_lens.size + 1}], but got "
+                         f"shape {shape_of(cu)}.")
+    q_lens = check_offsets("cu_seqlens_q", cu)
+    if cu[-1] != total_q:
+        raise ValueError(f"cu_seqlens_q[-1] must equal total_q = {total_q} (query rows), but got "
+                         f"{int(cu[-1])}.")
+    over = np.flatnonzero(q_lens > seq_lens)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"sequence {i} has q_len {int(q_lens[i])} query tokens but seq_lens[{i}] "
+                         f"= {int(seq_lens[i])}; seq_lens must count the cached tokens plus this "
+                         f"step's, so q_len <= seq_len.")
+    return q_lens

@@ -11,9 +11,22 @@ sequence's blocks, and a slot of ``-1`` tells a kernel to skip that token.
 """
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
+
+try:
+    from ._checks import INT32_MAX, hashable, int_array, integer
+except ImportError:      # loaded by file path, outside the package (it needs no numba)
+    import importlib.util
+    import pathlib
+
+    _spec = importlib.util.spec_from_file_location(
+        "_paged_numba_checks", pathlib.Path(__file__).with_name("_checks.py"))
+    _checks = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_checks)
+    INT32_MAX, hashable, int_array, integer = (
+        _checks.INT32_MAX, _checks.hashable, _checks.int_array, _checks.integer)
 
 NO_BLOCK = -1
 
@@ -44,9 +57,9 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
     Parameters
     ----------
     num_tokens : int
-        Tokens to store (>= 0; a negative count raises ``ValueError``).
+        Tokens to store (an integer >= 0; anything else raises ``ValueError``).
     block_size : int
-        Token slots per block.
+        Token slots per block (> 0).
 
     Returns
     -------
@@ -59,14 +72,15 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
     >>> num_blocks_for(32, 16), num_blocks_for(33, 16), num_blocks_for(0, 16)
     (2, 3, 0)
     """
-    return -(-_check_count(num_tokens, "num_tokens") // block_size)
+    return -(-_check_count(num_tokens, "num_tokens") // integer("block_size", block_size, lo=1))
 
 
 def padded_block_table(rows: Sequence[Sequence[int]], max_blocks: int | None = None) -> np.ndarray:
     """Stack per-sequence block lists into an int32 table ``[num_seqs, max_blocks]``.
 
     Entries past a row's length are ``-1``. ``max_blocks`` defaults to the longest
-    row; a ``max_blocks`` shorter than that raises ``ValueError``.
+    row; a ``max_blocks`` shorter than that, or a row entry that is not an
+    integer in the int32 range, raises ``ValueError``.
 
     Parameters
     ----------
@@ -92,10 +106,11 @@ def padded_block_table(rows: Sequence[Sequence[int]], max_blocks: int | None = N
         ...
     ValueError: max_blocks=2 is smaller than the longest row (3 blocks)
     """
+    rows = [int_array(f"rows[{i}]", row, ndim=1) for i, row in enumerate(rows)]
     longest = max((len(r) for r in rows), default=0)
     if max_blocks is None:
         max_blocks = longest
-    elif max_blocks < longest:
+    elif integer("max_blocks", max_blocks, lo=0) < longest:
         raise ValueError(f"max_blocks={max_blocks} is smaller than the longest row ({longest} blocks)")
     table = np.full((len(rows), max_blocks), NO_BLOCK, dtype=np.int32)
     for i, row in enumerate(rows):
@@ -132,8 +147,10 @@ def slots_from_table(block_table_row, positions, block_size: int) -> np.ndarray:
         ...
     ValueError: positions must lie in [0, 12), but got 12..12
     """
-    row = np.asarray(block_table_row, dtype=np.int64)
-    pos = np.asarray(positions, dtype=np.int64)
+    row = int_array("block_table_row", block_table_row, ndim=1, dtype=np.int64)
+    pos = int_array("positions", positions, ndim=1, lo=0, hi=np.iinfo(np.int64).max,
+                    dtype=np.int64, what="token positions")
+    block_size = integer("block_size", block_size, lo=1)
     if pos.size and (pos.min() < 0 or pos.max() >= row.size * block_size):
         raise ValueError(f"positions must lie in [0, {row.size * block_size}), but got {pos.min()}..{pos.max()}")
     blocks = row[pos // block_size]
@@ -141,9 +158,15 @@ def slots_from_table(block_table_row, positions, block_size: int) -> np.ndarray:
 
 
 def _check_count(n: int, name: str) -> int:
-    if n < 0:
-        raise ValueError(f"{name} must be >= 0, but got {n}")
-    return int(n)
+    """``n`` as an int, checked: an integer (not a bool or float) >= 0."""
+    return integer(name, n, lo=0)
+
+
+def _check_ids(seq_ids):
+    """``seq_ids`` (None: all sequences) is an iterable of ids, not a string."""
+    if seq_ids is not None and (isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable)):
+        raise ValueError(f"seq_ids must be a list of sequence ids or None, but got {seq_ids!r}")
+    return seq_ids
 
 
 class BlockAllocator:
@@ -182,10 +205,8 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, but got {value!r}")
-        self._num_blocks, self._block_size = int(num_blocks), int(block_size)
+        self._num_blocks = integer("num_blocks", num_blocks, lo=1, hi=INT32_MAX)
+        self._block_size = integer("block_size", block_size, lo=1, hi=INT32_MAX)
         self.free_block_ids: deque[int] = deque(range(self._num_blocks))
         self._blocks: dict[Hashable, list[int]] = {}
         self._lens: dict[Hashable, int] = {}
@@ -213,7 +234,7 @@ class BlockAllocator:
         return list(self._blocks)
 
     def __contains__(self, seq_id) -> bool:
-        return seq_id in self._blocks
+        return seq_id in self._blocks if isinstance(seq_id, Hashable) else False
 
     def __len__(self) -> int:  # number of sequences
         return len(self._blocks)
@@ -250,7 +271,7 @@ class BlockAllocator:
         >>> a.can_allocate(17)    # needs 2 blocks, 1 is free
         False
         """
-        if seq_id in self._blocks:
+        if hashable("seq_id", seq_id) in self._blocks:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
         num_tokens = _check_count(num_tokens, "num_tokens")
         blocks = self._take(num_blocks_for(num_tokens, self._block_size), seq_id)
@@ -278,6 +299,7 @@ class BlockAllocator:
 
     def append_slots(self, seq_id, num_new_tokens: int = 1) -> np.ndarray:
         """:meth:`append`, then return the slots of the new tokens, int64 ``[num_new_tokens]``."""
+        num_new_tokens = _check_count(num_new_tokens, "num_new_tokens")    # before any change
         start = self.seq_len(seq_id)
         self.append(seq_id, num_new_tokens)
         return self.slot_mapping(seq_id, start, start + num_new_tokens)
@@ -291,6 +313,7 @@ class BlockAllocator:
     def slot_mapping(self, seq_id, start: int, end: int) -> np.ndarray:
         """Slots of token positions ``[start, end)`` of ``seq_id``, int64 ``[end - start]``."""
         n = self.seq_len(seq_id)
+        start, end = integer("start", start), integer("end", end)
         if not 0 <= start <= end <= n:
             raise ValueError(f"need 0 <= start <= end <= seq_len, but got {start=}, {end=}, seq_len={n}")
         return slots_from_table(self._blocks[seq_id], np.arange(start, end), self._block_size)
@@ -304,14 +327,14 @@ class BlockAllocator:
 
     def seq_lens(self, seq_ids=None) -> np.ndarray:
         """Token counts of ``seq_ids`` (default: all), int32 ``[num_seqs]``."""
-        return np.array([self.seq_len(s) for s in self._ids(seq_ids)], dtype=np.int32)
+        return int_array("seq_lens", [self.seq_len(s) for s in self._ids(seq_ids)])
 
     # -- helpers ------------------------------------------------------------------
     def _ids(self, seq_ids):
-        return list(self._blocks) if seq_ids is None else list(seq_ids)
+        return list(self._blocks) if _check_ids(seq_ids) is None else list(seq_ids)
 
     def _check_seq(self, seq_id):
-        if seq_id not in self._blocks:
+        if hashable("seq_id", seq_id) not in self._blocks:
             raise ValueError(f"unknown sequence id {seq_id!r}")
         return seq_id
 

@@ -1,10 +1,10 @@
 """Public attention entry points: validate inputs, pick a launch, run the kernels."""
-import math
-
 import numpy as np
 
 from . import _arrays, _launch
+from . import _checks as C
 from . import _validate as V
+from ._group_decode import GroupDecode, group_parts, group_tile
 from .kernels import decode_tc
 from .kernels.decode import heads_per_block
 from .kernels.merge import merge_kernel
@@ -17,71 +17,12 @@ PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in to
 MERGE_COST = 128      # fixed cost of the split's merge launch in that model, in tokens
 SM_RATE_EXPONENT = 0.36   # k blocks on one SM stream k ** 0.36 times as fast as one
 SPLIT_MARGIN = 0.05   # split only for a modelled gain above this
+MAX_WARPS = 32        # 1024 threads, CUDA's limit per thread block
+MAX_STAGES = 32       # the tensor-core kernel's ring fill reads one window of block numbers
 
 
-def _int32_device(name, x, validate):
-    """Device int32 array for a kernel argument plus a host copy when validating."""
-    V.check_int_array(name, x)
-    if isinstance(x, np.ndarray):
-        host = np.ascontiguousarray(x, dtype=np.int32)
-        if validate and not np.array_equal(host, x):
-            raise ValueError(f"{name} does not fit in int32.")
-        return _arrays.as_device(host, name)[0], host
-    dev, _ = _arrays.as_device(x, name)
-    if np.dtype(dev.dtype) != np.int32:
-        raise ValueError(f"{name} on the device must be int32, but got {np.dtype(dev.dtype).name}.")
-    return dev, (dev.copy_to_host() if validate else None)
-
-
-def _padded(block_tables, seq_lens, cache, validate):
-    """Accept a padded table or FlashInfer's CSR triple; return ``(block_tables, seq_lens)``.
-
-    A CSR page table ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
-    kv_last_page_len [num_seqs])`` is converted to the padded ``[num_seqs,
-    max_blocks]`` form on the host (``seq_lens`` may then be None: it follows
-    from the CSR arrays)."""
-    if not (isinstance(block_tables, (tuple, list)) and len(block_tables) == 3):
-        if seq_lens is None:
-            raise ValueError("seq_lens is required with a padded block table.")
-        return block_tables, seq_lens
-    from .page_tables import csr_to_padded, validate_csr
-
-    indptr, indices, last = (np.asarray(_arrays.to_host(a)) for a in block_tables)
-    if validate:
-        validate_csr(indptr, indices, last, cache.num_blocks, cache.block_size)
-    tables, lens = csr_to_padded(indptr, indices, last, cache.block_size)
-    if seq_lens is not None:
-        given = np.asarray(_arrays.to_host(seq_lens))
-        if given.shape != lens.shape or not np.array_equal(given, lens):
-            raise ValueError(f"seq_lens {given.tolist()} disagree with the CSR page table, "
-                             f"which gives {lens.tolist()}.")
-    return tables, lens
-
-
-def _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
-    """Validated ``(alibi_slopes device [num_heads] float32, soft_cap, window)`` kernel arguments."""
-    window = 0
-    if sliding_window is not None:
-        if isinstance(sliding_window, bool) or int(sliding_window) != sliding_window \
-                or sliding_window < 1:
-            raise ValueError(f"sliding_window must be a positive integer, but got {sliding_window!r}.")
-        window = int(sliding_window)
-    soft_cap = 0.0
-    if logits_soft_cap is not None:
-        soft_cap = float(logits_soft_cap)
-        if not (math.isfinite(soft_cap) and soft_cap > 0):
-            raise ValueError(f"logits_soft_cap must be a positive number, but got {logits_soft_cap!r}.")
-    if alibi_slopes is None:
-        slopes = np.zeros(num_heads, np.float32)
-    else:
-        slopes = np.asarray(_arrays.to_host(alibi_slopes))
-        if slopes.shape != (num_heads,) or not np.issubdtype(slopes.dtype, np.floating):
-            raise ValueError(f"alibi_slopes must be float [num_heads] = [{num_heads}], but got "
-                             f"{slopes.dtype} {V.shape_of(slopes)}.")
-        if not np.isfinite(slopes).all():
-            raise ValueError("alibi_slopes must be finite.")
-        slopes = slopes.astype(np.float32)
-    return _arrays.as_device(slopes, "alibi_slopes")[0], np.float32(soft_cap), np.int32(window)
+# kept under their old names: other API modules import them from here
+_int32_device, _padded, _variants = V.int32_device, V.padded_tables, V.variants
 
 
 def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, resident=3):
@@ -141,11 +82,13 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
             resident = min(resident, decode_tc.saturating_blocks(cache.head_size, threads // 32))
         num_partitions = num_partitions_for(num_seqs, num_heads // hpb, max_context,
                                             _arrays.sm_count(), resident)
-    if isinstance(num_partitions, bool) or int(num_partitions) != num_partitions \
-            or num_partitions < 1:
-        raise ValueError(f"num_partitions must be a positive integer, but got {num_partitions!r}.")
-    partition_size = max(-(-max_context // int(num_partitions)), 1)
-    return max(-(-max_context // partition_size), 1), partition_size
+    num_partitions = C.integer("num_partitions", num_partitions, lo=1)
+    partition_size = max(-(-max_context // num_partitions), 1)
+    parts = max(-(-max_context // partition_size), 1)
+    if parts > V.MAX_GRID_YZ:
+        raise ValueError(f"num_partitions={num_partitions} gives {parts} partitions of "
+                         f"{partition_size} tokens, more than the grid's {V.MAX_GRID_YZ}.")
+    return parts, partition_size
 
 
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
@@ -155,12 +98,17 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
     (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
     More warps than fit the static shared memory are the caller's choice
     (the ring then lives in dynamic shared memory): on the H200 they did not
-    beat the split (``experiments/NOTES.md``, session 9)."""
+    beat the split (``docs/journal/decode_tc.md``, decode v8: wide blocks in
+    place of split-K, 2026-11-30)."""
+    tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
+    pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
+    unroll = C.integer("unroll", unroll, lo=1)
+    stages = C.integer("stages", stages, lo=2, hi=MAX_STAGES)
     tc = tensor_cores is not False and decode_tc.supports(cache.head_size, hpb,
                                                           cache.dtype.name, cache.layout)
     if num_warps is None:
         num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
-    tuning = (int(num_warps), int(unroll), int(stages))
+    tuning = (C.power_of_two("num_warps", num_warps, hi=MAX_WARPS), unroll, stages)
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
                               tuning, tensor_cores, pv_mma, key_rows)
     return tuning[0], parts, size
@@ -217,6 +165,16 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         In the query's dtype; NumPy when the query is NumPy, else a numba
         device array. A sequence with ``seq_len == 0`` gets zeros.
 
+    Notes
+    -----
+    Bad arguments raise ``ValueError`` (``TypeError`` for an object that is
+    not an array or a cache) naming the argument and the value, before any
+    launch: integers that are bools, floats or outside the int32 range, flags
+    that are not bools, and a scale, soft cap or slopes that are not finite in
+    the kernels' float32 (at most 2.36e38, the float32 range over ``log2(e)``).
+    NaN and Inf in the data give what the float64 reference gives, with or
+    without split-K (the rule is in :mod:`paged_numba.reference`).
+
     Examples
     --------
     >>> import numpy as np
@@ -231,9 +189,14 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     ((1, 2, 16), dtype('float16'))
     """
     V.check_cache(cache)
+    return_lse, validate = C.flag("return_lse", return_lse), C.flag("validate", validate)
+    pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
     q, from_host = _arrays.as_device(query, "query")
     num_seqs, num_heads, head_size = V.check_query(query, q, cache,
                                                    "[num_seqs, num_heads, head_size]")
+    if num_seqs > V.MAX_GRID_YZ:
+        raise ValueError(f"paged_decode takes at most {V.MAX_GRID_YZ} sequences (the grid's "
+                         f"limit), but got {num_seqs}.")
     block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
     tables, tables_host = _int32_device("block_tables", block_tables, validate)
     lens, lens_host = _int32_device("seq_lens", seq_lens, validate)
@@ -241,21 +204,31 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     if tables.shape[0] != num_seqs:
         raise ValueError(
             f"block_tables must have num_seqs = {num_seqs} rows, but got shape {V.shape_of(tables)}.")
+    V.check_context(tables.shape[1], cache.block_size)
     if validate:
         V.check_tables(tables_host, lens_host, cache.num_blocks, cache.block_size)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_size)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, but got {scale}.")
+    scale = V.scale_of(scale, head_size)
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
+    out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
+    lse = _arrays.zeros((num_seqs, num_heads), np.float32)
+    tile = group_tile(cache, num_heads)
+    if tile is not None:       # MQA and groups of 32 or more: the prefill tile
+        parts = group_parts(num_seqs, num_heads // tile, tables.shape[1] * cache.block_size,
+                            _arrays.sm_count()) if num_partitions is None else C.integer(
+                                "num_partitions", num_partitions, lo=1, hi=V.MAX_GRID_YZ)
+        if num_seqs:
+            for launch in GroupDecode(cache, num_seqs, num_heads, tile, parts, scale, variants,
+                                      out, lse).launches(q, tables, lens):
+                launch()
+        if from_host:
+            out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
+        return (out, lse) if return_lse else out
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
     num_warps, num_partitions, partition_size = launch_shape(
         num_partitions, None, cache, hpb, num_seqs, num_heads, max_context, pv_mma=pv_mma,
         key_rows=key_rows)
 
-    out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
-    lse = _arrays.zeros((num_seqs, num_heads), np.float32)
     if num_seqs:
         kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1,
                                            (num_warps, UNROLL, STAGES), pv_mma=pv_mma,
@@ -271,8 +244,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
             part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
             part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
             _launch.PackedLaunch(kernel, grid, threads, (part_out, part_lse, *args))()
-            merge_kernel(cache.dtype.name)[(num_heads, num_seqs), 128](out, lse, part_out,
-                                                                       part_lse)
+            _launch.launch(merge_kernel(cache.dtype.name), (num_heads, num_seqs), 128,
+                           (out, lse, part_out, part_lse))
     if from_host:
         out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
     return (out, lse) if return_lse else out
@@ -296,6 +269,8 @@ def merge_states(v, s, *, validate=True):
     -------
     out : array, ``[num_rows, num_heads, head_size]`` in ``v``'s dtype
     lse : array of float32, ``[num_rows, num_heads]``
+        A row with a NaN or ``+inf`` log-sum-exp gets NaN in both, as the
+        float64 merge does (``kernels.merge`` has the rule).
 
     Examples
     --------
@@ -307,6 +282,7 @@ def merge_states(v, s, *, validate=True):
     >>> float(out[0, 0, 0]), round(float(lse[0, 0]), 4)      # (1 + 3) / 2, log(2)
     (2.0, 0.6931)
     """
+    validate = C.flag("validate", validate)
     vd, from_host = _arrays.as_device(v, "v")
     sd, _ = _arrays.as_device(s, "s")
     if validate:
@@ -327,7 +303,7 @@ def merge_states(v, s, *, validate=True):
     out = _arrays.zeros((n, h, d), dt)
     lse = _arrays.zeros((n, h), np.float32)
     if n and h:
-        merge_kernel(dt.name, dt.name)[(h, n), 128](out, lse, vd, sd)
+        _launch.launch(merge_kernel(dt.name, dt.name), (h, n), 128, (out, lse, vd, sd))
     if from_host:
         return _arrays.to_host(out, dt), lse.copy_to_host()
     return out, lse
@@ -396,20 +372,30 @@ class DecodePlan:
                  tensor_cores=None, pv_mma=None, key_rows=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
+        tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
+        pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
+        num_seqs = C.integer("num_seqs", num_seqs, lo=0, hi=V.MAX_GRID_YZ)
+        num_heads = C.integer("num_heads", num_heads, lo=1)
         V.check_heads(num_heads, cache)
-        self.cache, self.num_seqs, self.num_heads = cache, int(num_seqs), int(num_heads)
-        self.max_blocks = int(max_blocks)
+        max_blocks = C.integer("max_blocks", max_blocks, lo=0)
+        V.check_context(max_blocks, cache.block_size)
+        self.cache, self.num_seqs, self.num_heads = cache, num_seqs, num_heads
+        self.max_blocks = max_blocks
         head_size = cache.head_size
-        self.scale = 1.0 / math.sqrt(head_size) if scale is None else float(scale)
-        if not math.isfinite(self.scale):
-            raise ValueError(f"scale must be finite, but got {scale}.")
+        self.scale = V.scale_of(scale, head_size)
         self._variants = _variants(self.num_heads, sliding_window, alibi_slopes, logits_soft_cap)
-        self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
+        self._inputs = None
+        self._decode = self._graph = self._group = None
         max_context = max(self.max_blocks * cache.block_size, 1)
+        tile = group_tile(cache, num_heads, C.optional_flag("tensor_cores", tensor_cores))
+        if tile is not None:         # MQA and groups of 32 or more: the prefill tile
+            self._plan_group(tile, num_partitions, max_context)
+            return
+        self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
         self.num_warps, self.num_partitions, self.partition_size = launch_shape(
             num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
             unroll, stages, tensor_cores, pv_mma, key_rows)
-        tuning = (self.num_warps, int(unroll), int(stages))
+        tuning = (self.num_warps, unroll, stages)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)
@@ -425,8 +411,22 @@ class DecodePlan:
         self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
                        if p > 1 and n else None)
-        self._inputs = None
-        self._decode = self._graph = None
+
+    def _plan_group(self, tile, num_partitions, max_context):
+        n, h, d = self.num_seqs, self.num_heads, self.cache.head_size
+        parts = group_parts(n, h // tile, max_context, _arrays.sm_count()) if (
+            num_partitions is None) else C.integer("num_partitions", num_partitions, lo=1,
+                                                   hi=V.MAX_GRID_YZ)
+        self.heads_per_block, self.num_partitions, self.tensor_cores = tile, parts, True
+        tiles = -(-max_context // GroupDecode.BLOCK_N)
+        self.partition_size = -(-tiles // parts) * GroupDecode.BLOCK_N   # keys of a part, at most
+        self.out = _arrays.zeros((n, h, d), self.cache.dtype)
+        self.lse = _arrays.zeros((n, h), np.float32)
+        self._group = GroupDecode(self.cache, n, h, tile, parts, self.scale, self._variants,
+                                  self.out, self.lse)
+        self.heads_per_block, self.num_warps = self._group.heads_per_block, self._group.num_warps
+        self._merge = self._group.merge
+        self.part_out, self.part_lse = self._group.part_out, self._group.part_lse
 
     @property
     def scratch_bytes(self):
@@ -454,6 +454,7 @@ class DecodePlan:
             Owned by the plan and overwritten by the next ``run``. With
             split-K, :attr:`lse` holds the log-sum-exps ``[num_seqs, num_heads]``.
         """
+        validate = C.flag("validate", validate)
         inputs = (query, block_tables, seq_lens)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
             self._pack(inputs)   # new buffers: checked (host copies) and packed once
@@ -486,6 +487,11 @@ class DecodePlan:
 
     def _pack(self, inputs):
         q, tables, lens = self._check(inputs)
+        if self._group is not None:
+            launches = self._group.launches(q, tables, lens)
+            self._decode, self._graph = launches[0], _launch.GraphLaunch(launches)
+            self._inputs = inputs
+            return
         args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
                 *self._variants)

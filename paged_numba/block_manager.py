@@ -26,54 +26,23 @@ swapped-out sequence).
 
 ``block_table()``, ``seq_lens()`` and ``slot_mapping()`` are those of
 ``BlockAllocator``: the tables go to the same kernels.
+
+Three files: this one (counts, allocate, fork, append, free, tables),
+:mod:`paged_numba.prefix_cache` (block keys, the cache and its LRU set) and
+:mod:`paged_numba.swapping` (swap_out, swap_in, which ``BlockManager``
+inherits).
 """
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable
 
 import numpy as np
 
 from .allocator import NO_BLOCK, OutOfBlocksError, _check_count, num_blocks_for, padded_block_table, slots_from_table
+from .prefix_cache import PrefixCache, block_keys
+from .swapping import Swapping
 
 __all__ = ["BlockManager", "NO_BLOCK", "OutOfBlocksError", "block_keys"]
-
-
-def block_keys(token_ids, block_size: int, extra_key=None, parent=None) -> list[tuple]:
-    """Prefix-cache keys of the full blocks of ``token_ids``.
-
-    The key of block ``i`` is ``(hash(key of block i - 1), tokens of block i,
-    extra_key)`` (``parent`` hash, default ``None``, for block 0), so equal keys
-    mean equal token prefixes up to 64-bit hash collisions of the parent; the
-    block's own tokens are compared exactly. A partly full last block has no key.
-
-    Parameters
-    ----------
-    token_ids : sequence of int, ``[num_tokens]``
-    block_size : int
-    extra_key : hashable, optional
-        Anything else the cached K/V depend on (a LoRA id, an image hash).
-    parent : int, optional
-        Hash of the key before ``token_ids[0]``'s block.
-
-    Returns
-    -------
-    list of tuples, ``[num_tokens // block_size]``
-
-    Examples
-    --------
-    >>> keys = block_keys([5, 6, 7, 8, 9], block_size=2)   # 5 = 2 * 2 + 1: two full blocks
-    >>> len(keys), keys[0]
-    (2, (None, (5, 6), None))
-    >>> keys[1][0] == hash(keys[0]), keys[1][1]
-    (True, (7, 8))
-    """
-    tokens = [int(t) for t in token_ids]
-    keys = []
-    for i in range(len(tokens) // block_size):
-        key = (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra_key)
-        keys.append(key)
-        parent = hash(key)
-    return keys
 
 
 def _positive(name, value, allow_zero=False):
@@ -84,7 +53,7 @@ def _positive(name, value, allow_zero=False):
     return int(value)
 
 
-class BlockManager:
+class BlockManager(Swapping):
     """Shared KV-cache blocks: reference counts, fork and copy-on-write, prefix
     caching with LRU eviction, and swapping to a host pool.
 
@@ -99,6 +68,13 @@ class BlockManager:
         Sequences allocated with ``token_ids`` then take part.
     num_host_blocks : int
         Blocks in the host pool for :meth:`swap_out` (>= 0, default 0).
+
+    Attributes
+    ----------
+    prefix_cache : PrefixCache
+        The block keys and the evictable blocks (:mod:`paged_numba.prefix_cache`).
+    free_block_ids, free_host_block_ids : deque of int
+        The device and host free lists, next block first.
 
     Notes
     -----
@@ -155,9 +131,7 @@ class BlockManager:
         self.free_block_ids: deque[int] = deque(range(self._num_blocks))
         self.free_host_block_ids: deque[int] = deque(range(self._num_host_blocks))
         self._ref = [0] * self._num_blocks
-        self._key_of: list[tuple | None] = [None] * self._num_blocks   # prefix-cache key of a block
-        self._cached: dict[tuple, int] = {}                            # key -> block
-        self._evictable: OrderedDict[int, None] = OrderedDict()        # count-0 cached blocks, LRU first
+        self.prefix_cache = PrefixCache(self._num_blocks, self._caching)
         # per sequence: resident block list or swapped host block list, length, tokens, extra key
         self._blocks: dict[Hashable, list[int]] = {}
         self._host: dict[Hashable, list[int]] = {}
@@ -165,9 +139,6 @@ class BlockManager:
         self._tokens: dict[Hashable, list[int] | None] = {}     # None: not in prefix caching
         self._keys: dict[Hashable, list[tuple]] = {}             # keys of its full blocks
         self._extra: dict[Hashable, Hashable] = {}
-        self.num_lookup_blocks = 0      # full prompt blocks looked up in the prefix cache
-        self.num_hit_blocks = 0         # of them, found
-        self.num_evictions = 0          # cached blocks evicted to make room
 
     # -- counts (read-only) ---------------------------------------------------------
     num_blocks = property(lambda self: self._num_blocks, doc="Device blocks in the pool.")
@@ -175,7 +146,7 @@ class BlockManager:
     num_host_blocks = property(lambda self: self._num_host_blocks, doc="Blocks in the host pool.")
     enable_prefix_caching = property(lambda self: self._caching, doc="Whether full blocks are cached.")
     num_free_blocks = property(lambda self: len(self.free_block_ids), doc="Device blocks in the free list.")
-    num_cached_blocks = property(lambda self: len(self._evictable),
+    num_cached_blocks = property(lambda self: self.prefix_cache.num_evictable,
                                  doc="Device blocks with count 0 kept for the prefix cache (evictable).")
     num_owned_blocks = property(lambda self: self._num_blocks - self.num_free_blocks - self.num_cached_blocks,
                                 doc="Device blocks held by at least one sequence.")
@@ -187,15 +158,16 @@ class BlockManager:
     num_available_blocks = property(lambda self: self.num_free_blocks + self.num_cached_blocks,
                                     doc="Device blocks a new block can come from (free or evictable).")
 
-    @property
-    def cached_block_ids(self) -> list[int]:
-        """The evictable cached blocks, least recently used first."""
-        return list(self._evictable)
-
-    @property
-    def hit_rate(self) -> float:
-        """``num_hit_blocks / num_lookup_blocks`` (0.0 before any lookup)."""
-        return self.num_hit_blocks / self.num_lookup_blocks if self.num_lookup_blocks else 0.0
+    num_lookup_blocks = property(lambda self: self.prefix_cache.num_lookup_blocks,
+                                 doc="Full prompt blocks looked up in the prefix cache.")
+    num_hit_blocks = property(lambda self: self.prefix_cache.num_hit_blocks,
+                              doc="Of the blocks looked up, those found.")
+    num_evictions = property(lambda self: self.prefix_cache.num_evictions,
+                             doc="Cached blocks evicted to make room.")
+    hit_rate = property(lambda self: self.prefix_cache.hit_rate,
+                        doc="``num_hit_blocks / num_lookup_blocks`` (0.0 before any lookup).")
+    cached_block_ids = property(lambda self: self.prefix_cache.evictable_ids,
+                                doc="The evictable cached blocks, least recently used first.")
 
     def ref_count(self, block: int) -> int:
         """Block tables holding device ``block``."""
@@ -210,30 +182,15 @@ class BlockManager:
         """Resident (not swapped-out) sequence ids, in insertion order."""
         return list(self._blocks)
 
-    @property
-    def swapped_seq_ids(self) -> list:
-        """Swapped-out sequence ids, in the order they were swapped out."""
-        return list(self._host)
-
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._blocks or seq_id in self._host
 
     def __len__(self) -> int:   # resident + swapped sequences
         return len(self._blocks) + len(self._host)
 
-    def is_swapped(self, seq_id) -> bool:
-        """Whether ``seq_id`` is swapped out."""
-        return self._check_known(seq_id) in self._host
-
     def blocks_of(self, seq_id) -> list[int]:
         """Device blocks of resident ``seq_id`` in logical order (a copy)."""
         return list(self._blocks[self._check_seq(seq_id)])
-
-    def host_blocks_of(self, seq_id) -> list[int]:
-        """Host blocks of swapped-out ``seq_id`` in logical order (a copy)."""
-        if self._check_known(seq_id) not in self._host:
-            raise ValueError(f"sequence {seq_id!r} is not swapped out")
-        return list(self._host[seq_id])
 
     def seq_len(self, seq_id) -> int:
         """Tokens stored for ``seq_id`` (resident or swapped out)."""
@@ -254,16 +211,6 @@ class BlockManager:
                              f"{len(tokens)}")
         return tokens
 
-    def _lookup(self, keys: list[tuple], max_blocks: int) -> list[int]:
-        """Cached blocks of the longest cached prefix of ``keys``, at most ``max_blocks``."""
-        hits = []
-        for key in keys[:max_blocks]:
-            block = self._cached.get(key)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
     def _plan_allocate(self, seq_id, num_tokens, token_ids, extra_key):
         if seq_id in self:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
@@ -278,8 +225,8 @@ class BlockManager:
         if self._caching and tokens is not None:
             keys = block_keys(tokens, self._block_size, extra_key)
             # leave at least one token to compute, so the step yields its logits
-            hits = self._lookup(keys, (num_tokens - 1) // self._block_size if num_tokens else 0)
-        reused_evictable = sum(b in self._evictable for b in hits)
+            hits = self.prefix_cache.lookup(keys, (num_tokens - 1) // self._block_size if num_tokens else 0)
+        reused_evictable = sum(map(self.prefix_cache.is_evictable, hits))
         new = needed - len(hits)
         if new > self.num_available_blocks - reused_evictable:
             raise OutOfBlocksError(
@@ -328,10 +275,9 @@ class BlockManager:
             self._incref(b)
         blocks = hits + self._take(new)
         for i in range(len(hits), len(keys)):
-            self._register(blocks[i], keys[i])
+            self.prefix_cache.register(blocks[i], keys[i])
         if self._caching and tokens is not None:
-            self.num_lookup_blocks += len(keys)
-            self.num_hit_blocks += len(hits)
+            self.prefix_cache.record(len(keys), len(hits))
         self._blocks[seq_id], self._lens[seq_id] = blocks, num_tokens
         self._tokens[seq_id] = tokens if self._caching else None
         self._keys[seq_id] = keys
@@ -400,7 +346,7 @@ class BlockManager:
         >>> m.append("b", -1)
         Traceback (most recent call last):
             ...
-        ValueError: num_new_tokens must be >= 0, but got -1
+        ValueError: num_new_tokens must be >= 0, but got -1.
         """
         n, cow, new = self._plan_append(seq_id, num_new_tokens)
         tokens = self._check_tokens(token_ids, n)
@@ -429,7 +375,7 @@ class BlockManager:
                 parent = hash(seq_keys[-1]) if seq_keys else None
                 keys = block_keys(seq_tokens[first * bs:last * bs], bs, self._extra[seq_id], parent)
                 for i, key in enumerate(keys):
-                    self._register(blocks[first + i], key)
+                    self.prefix_cache.register(blocks[first + i], key)
                 seq_keys.extend(keys)
         return copies
 
@@ -454,101 +400,6 @@ class BlockManager:
             for b in reversed(self._blocks.pop(seq_id)):
                 self._decref(b)
         del self._lens[seq_id], self._tokens[seq_id], self._keys[seq_id], self._extra[seq_id]
-
-    # -- swapping ----------------------------------------------------------------------
-    def can_swap_out(self, seq_id) -> bool:
-        """Whether the host pool has room for resident ``seq_id``'s blocks."""
-        return len(self._blocks[self._check_seq(seq_id)]) <= self.num_free_host_blocks
-
-    def swap_out(self, seq_id) -> list[tuple[int, int]]:
-        """Move resident ``seq_id`` to the host pool.
-
-        Returns ``[(device_block, host_block)]`` in logical order; copy them
-        (``swap_blocks(cache, host_pool, pairs)``) before the device blocks are
-        reused. The device references are dropped as in :meth:`free` (a block
-        shared with another sequence stays on the device for it; a cached block
-        stays evictable). Raises :class:`OutOfBlocksError` if the host pool is too small.
-        """
-        blocks = self._blocks[self._check_seq(seq_id)]
-        if len(blocks) > self.num_free_host_blocks:
-            raise OutOfBlocksError(f"sequence {seq_id!r} needs {len(blocks)} host blocks but only "
-                                   f"{self.num_free_host_blocks} are free")
-        host = [self.free_host_block_ids.popleft() for _ in blocks]
-        for b in reversed(blocks):
-            self._decref(b)
-        del self._blocks[seq_id]
-        self._host[seq_id] = host
-        return list(zip(blocks, host))
-
-    def _plan_swap_in(self, seq_id):
-        self._check_known(seq_id)
-        if seq_id not in self._host:
-            raise ValueError(f"sequence {seq_id!r} is not swapped out")
-        host = self._host[seq_id]
-        hits = [None] * len(host)
-        keys = []
-        if self._tokens[seq_id] is not None:     # full blocks still cached on the device need no copy
-            keys = self._keys[seq_id]
-            hits[:len(keys)] = [self._cached.get(k) for k in keys]
-        reused = [b for b in hits if b is not None]
-        new = len(host) - len(reused)
-        available = self.num_available_blocks - sum(b in self._evictable for b in reused)
-        if new > available:
-            raise OutOfBlocksError(f"sequence {seq_id!r} needs {new} new blocks but only "
-                                   f"{available} are free or evictable")
-        return host, hits, keys, new
-
-    def can_swap_in(self, seq_id) -> bool:
-        """Whether swapped-out ``seq_id`` fits on the device again."""
-        try:
-            self._plan_swap_in(seq_id)
-        except OutOfBlocksError:
-            return False
-        return True
-
-    def swap_in(self, seq_id) -> list[tuple[int, int]]:
-        """Bring swapped-out ``seq_id`` back to the device.
-
-        Returns ``[(host_block, device_block)]`` to copy
-        (``swap_blocks(host_pool, cache, pairs)``) before the sequence is used.
-        Full blocks still in the prefix cache on the device are taken from it
-        and need no copy. The host blocks return to the host free list.
-
-        Examples
-        --------
-        >>> m = BlockManager(num_blocks=4, block_size=2, num_host_blocks=4)
-        >>> m.allocate("a", 3)
-        ([0, 1], 0)
-        >>> m.swap_out("a")
-        [(0, 0), (1, 1)]
-        >>> m.free_block_ids       # a's blocks went back last block first
-        deque([2, 3, 1, 0])
-        >>> m.allocate("b", 2)
-        ([2], 0)
-        >>> m.swap_in("a")         # host 0 -> device 3, host 1 -> device 1
-        [(0, 3), (1, 1)]
-        >>> m.swap_in("a")
-        Traceback (most recent call last):
-            ...
-        ValueError: sequence 'a' is not swapped out
-        """
-        host, hits, keys, new = self._plan_swap_in(seq_id)
-        for b in hits:
-            if b is not None:
-                self._incref(b)
-        fresh = iter(self._take(new))
-        blocks, copies = [], []
-        for i, (h, b) in enumerate(zip(host, hits)):
-            if b is None:
-                b = next(fresh)
-                copies.append((h, b))
-                if i < len(keys):
-                    self._register(b, keys[i])
-            blocks.append(b)
-        del self._host[seq_id]
-        self.free_host_block_ids.extend(host)
-        self._blocks[seq_id] = blocks
-        return copies
 
     # -- tables for kernels ----------------------------------------------------------------
     def slot_mapping(self, seq_id, start: int, end: int) -> np.ndarray:
@@ -584,36 +435,21 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r} is swapped out; swap_in first")
         return seq_id
 
-    def _register(self, block, key):
-        """Enter full ``block`` under ``key``, unless another block holds that key."""
-        if self._caching and key not in self._cached:
-            self._cached[key] = block
-            self._key_of[block] = key
-
     def _incref(self, b):
         if self._ref[b] == 0:
-            del self._evictable[b]
+            self.prefix_cache.claim(b)
         self._ref[b] += 1
 
     def _decref(self, b):
         self._ref[b] -= 1
-        if self._ref[b] == 0:
-            if self._key_of[b] is not None:
-                self._evictable[b] = None          # most recently used at the end
-            else:
-                self.free_block_ids.append(b)
+        if self._ref[b] == 0 and not self.prefix_cache.release(b):
+            self.free_block_ids.append(b)
 
     def _take(self, n: int) -> list[int]:
         """``n`` blocks with count 1: free ones first, then the least recently used cached ones."""
         out = []
         for _ in range(n):
-            if self.free_block_ids:
-                b = self.free_block_ids.popleft()
-            else:
-                b, _ = self._evictable.popitem(last=False)
-                del self._cached[self._key_of[b]]
-                self._key_of[b] = None
-                self.num_evictions += 1
+            b = self.free_block_ids.popleft() if self.free_block_ids else self.prefix_cache.evict()
             self._ref[b] = 1
             out.append(b)
         return out
@@ -624,7 +460,7 @@ class BlockManager:
                 f"owned={self.num_owned_blocks} (shared={self.num_shared_blocks}), "
                 f"seqs={len(self._blocks)}, swapped={self.num_swapped_blocks}/{self._num_host_blocks} "
                 f"host blocks in {len(self._host)} seqs"
-                + (f", prefix_cache={len(self._cached)} blocks, hit_rate={100 * self.hit_rate:.1f}%"
+                + (f", prefix_cache={len(self.prefix_cache)} blocks, hit_rate={100 * self.hit_rate:.1f}%"
                    if self._caching else "") + ")")
 
 

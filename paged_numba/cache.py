@@ -2,13 +2,23 @@
 import numpy as np
 
 from . import _arrays
+from . import _checks as C
 from .layouts import DTYPES, cache_shapes, check_layout, from_nhd, infer_geometry, to_nhd
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, but got {value!r}.")
-    return int(value)
+    return C.integer(name, value, lo=1, hi=C.INT32_MAX)
+
+
+def _cache_dtype(dtype):
+    """The numpy dtype of ``dtype`` if it names one of :data:`layouts.DTYPES`."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:                # not a dtype at all ("foo", an object)
+        dt = None
+    if dtype is None or dt is None or dt.name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, but got {dtype!r}.")
+    return dt
 
 
 class PagedKVCache:
@@ -39,9 +49,9 @@ class PagedKVCache:
     num_layers : int, optional
         A cache for a whole model: every pool gets a leading ``[num_layers]``
         axis and the layers share one set of block ids (one allocator, one
-        block table, as the small CUDA engine of the seeds indexes its table
-        by layer). Kernels take one layer at a time: :meth:`layer` returns a
-        cache that views layer ``i``'s pools without a copy.
+        block table for every layer, as in vLLM). Kernels take one layer at
+        a time: :meth:`layer` returns a cache that views layer ``i``'s pools
+        without a copy.
 
     Attributes
     ----------
@@ -74,9 +84,7 @@ class PagedKVCache:
         self.block_size = _positive_int("block_size", block_size)
         self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
         self.head_size = _positive_int("head_size", head_size)
-        if np.dtype(dtype).name not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, but got {dtype!r}.")
-        self.dtype = np.dtype(dtype)
+        self.dtype = _cache_dtype(dtype)
         check_layout(layout)
         self.layout = layout
         self.key_shape, self.value_shape = cache_shapes(

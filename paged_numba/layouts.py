@@ -58,6 +58,18 @@ True
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype)
 import numpy as np
 
+try:
+    from ._checks import flag, integer
+except ImportError:      # loaded by file path, outside the package (it needs no numba)
+    import importlib.util
+    import pathlib
+
+    _spec = importlib.util.spec_from_file_location(
+        "_paged_numba_checks", pathlib.Path(__file__).with_name("_checks.py"))
+    _checks = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_checks)
+    flag, integer = _checks.flag, _checks.integer
+
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")           # kernels and PagedKVCache take these
 HOST_LAYOUTS = LAYOUTS                                    # and so do the host converters
 DTYPES = ("float16", "float32", "bfloat16")               # bfloat16: ml_dtypes.bfloat16 on the host
@@ -76,8 +88,18 @@ def vector_width(dtype):
 
     >>> vector_width("float16"), vector_width("bfloat16"), vector_width("float32")
     (8, 8, 4)
+    >>> vector_width("foo")
+    Traceback (most recent call last):
+        ...
+    ValueError: dtype must be a NumPy dtype, but got 'foo'.
     """
-    return 16 // np.dtype(dtype).itemsize
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:
+        raise ValueError(f"dtype must be a NumPy dtype, but got {dtype!r}.") from None
+    if not 1 <= itemsize <= 16 or 16 % itemsize:
+        raise ValueError(f"dtype must have 1, 2, 4, 8 or 16 bytes, but got {dtype!r}.")
+    return 16 // itemsize
 
 
 def check_layout(layout, layouts=LAYOUTS):
@@ -115,7 +137,8 @@ def interleaved_v_offset(block_size, num_kv_heads, head_size):
     >>> interleaved_v_offset(16, 2, 64)   # 16 * 2 * 64
     2048
     """
-    return block_size * num_kv_heads * head_size
+    return (integer("block_size", block_size, lo=1) * integer("num_kv_heads", num_kv_heads, lo=1)
+            * integer("head_size", head_size, lo=1))
 
 
 def cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype):
@@ -151,6 +174,10 @@ def cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype)
     ValueError: layout 'vllm' needs head_size to be a multiple of x = 4 for float32, but got head_size=6.
     """
     check_layout(layout, HOST_LAYOUTS)
+    num_blocks, block_size, num_kv_heads, head_size = (
+        integer(name, value, lo=1) for name, value in (
+            ("num_blocks", num_blocks), ("block_size", block_size),
+            ("num_kv_heads", num_kv_heads), ("head_size", head_size)))
     if layout == "nhd":
         shape = (num_blocks, block_size, num_kv_heads, head_size)
         return shape, shape
@@ -180,6 +207,7 @@ def cache_shapes_layered(layout, num_layers, num_blocks, block_size, num_kv_head
     ((4, 10, 2, 16, 64), (4, 10, 2, 16, 64))
     """
     key_shape, value_shape = cache_shapes(layout, num_blocks, block_size, num_kv_heads, head_size, dtype)
+    num_layers = integer("num_layers", num_layers, lo=1)
     return (num_layers, *key_shape), (num_layers, *value_shape)
 
 
@@ -317,6 +345,7 @@ def to_nhd(key_cache, value_cache, layout, *, layered=False):
     (1, 2, 3, 2, 8)
     """
     check_layout(layout, HOST_LAYOUTS)
+    layered = flag("layered", layered)
     key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
     _geometry(key_cache.shape, value_cache.shape, layout, layered)
 
@@ -369,6 +398,7 @@ def from_nhd(key_cache, value_cache, layout, *, layered=False):
     [True, True]
     """
     check_layout(layout, HOST_LAYOUTS)
+    layered = flag("layered", layered)
     key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
     nb, bs, nkv, hd = _geometry(key_cache.shape, value_cache.shape, "nhd", layered)
     if layout == "vllm":

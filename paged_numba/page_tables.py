@@ -41,7 +41,20 @@ array([60, 17], dtype=int32)
 """
 import numpy as np
 
+try:
+    from ._checks import INT32_MAX, int_array
+except ImportError:      # loaded by file path, outside the package (it needs no numba)
+    import importlib.util
+    import pathlib
+
+    _spec = importlib.util.spec_from_file_location(
+        "_paged_numba_checks", pathlib.Path(__file__).with_name("_checks.py"))
+    _checks = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_checks)
+    INT32_MAX, int_array = _checks.INT32_MAX, _checks.int_array
+
 NO_BLOCK = -1  # allocator.NO_BLOCK; not imported, so this file loads on its own by path
+INT64 = np.iinfo(np.int64)
 
 
 def _positive_int(name, value):
@@ -51,14 +64,19 @@ def _positive_int(name, value):
 
 
 def _int_array(name, x, ndim):
-    x = np.asarray(x)
-    if x.size == 0 and x.dtype == np.float64:  # a bare [] from Python
-        x = x.astype(np.int64)
-    if not np.issubdtype(x.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, but got dtype {x.dtype.name}.")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim > 1)}, but got shape {x.shape}.")
-    return x.astype(np.int64)
+    """``x`` as int64 (checked in its own dtype first, so a uint64 past the int64 range
+    does not wrap)."""
+    return int_array(name, x, ndim, lo=int(INT64.min), hi=int(INT64.max), dtype=np.int64,
+                     what="int64")
+
+
+def _fits_int32(name, values, meaning):
+    """Raise ``ValueError`` unless every entry of int64 ``values`` fits the int32 result."""
+    over = np.flatnonzero(values > INT32_MAX)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"{name}[{i}] would be {int(values[i])} ({meaning}), more than int32 "
+                         f"holds ({INT32_MAX}).")
 
 
 def check_offsets(name, offsets):
@@ -112,14 +130,15 @@ def _check_indices(kv_indices, indptr, num_blocks=None):
     indices = _int_array("kv_indices", kv_indices, 1)
     if indices.size != indptr[-1]:
         raise ValueError(f"kv_indptr[-1] = {int(indptr[-1])} must equal len(kv_indices) = {indices.size}.")
-    outside = indices < 0
-    if num_blocks is not None:
-        outside |= indices >= num_blocks
+    # block ids become int32: without num_blocks, that range bounds them
+    outside = (indices < 0) | (indices >= (INT32_MAX + 1 if num_blocks is None else num_blocks))
     bad = np.flatnonzero(outside)
     if bad.size:
         j = int(bad[0])
         seq = int(np.searchsorted(indptr, j, side="right")) - 1  # the sequence that owns entry j
         where = "[0, num_blocks)" if num_blocks is None else f"[0, {num_blocks})"
+        if num_blocks is None and indices[j] > INT32_MAX:
+            where += f" and the int32 range of block ids ({INT32_MAX})"
         raise ValueError(f"kv_indices[{j}] (page {j - int(indptr[seq])} of sequence {seq}) is "
                          f"{int(indices[j])}, outside {where}.")
     return indices
@@ -167,7 +186,9 @@ def seq_lens_from_csr(kv_indptr, kv_last_page_len, block_size):
     """
     block_size = _positive_int("block_size", block_size)
     _, last, pages = _check_pages(kv_indptr, kv_last_page_len, block_size)
-    return np.where(pages > 0, (pages - 1) * block_size + last, 0).astype(np.int32)
+    lens = np.where(pages > 0, (pages - 1) * block_size + last, 0)
+    _fits_int32("seq_lens", lens, "tokens")
+    return lens.astype(np.int32)
 
 
 def padded_to_csr(block_tables, seq_lens, block_size):
@@ -224,7 +245,15 @@ def padded_to_csr(block_tables, seq_lens, block_size):
         i, j = (int(n) for n in neg[0])
         raise ValueError(f"block_tables[{i}, {j}] is {int(table[i, j])}, inside the "
                          f"{int(pages[i])} used blocks of sequence {i} (seq_len {int(lens[i])}).")
-    kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    big = np.argwhere(used & (table > INT32_MAX))
+    if big.size:
+        i, j = (int(n) for n in big[0])
+        raise ValueError(f"block_tables[{i}, {j}] is {int(table[i, j])}, a block id past the "
+                         f"int32 range ({INT32_MAX}).")
+    _fits_int32("seq_lens", lens, "tokens")
+    indptr = np.concatenate([[0], np.cumsum(pages)])
+    _fits_int32("kv_indptr", indptr, "pages")
+    kv_indptr = indptr.astype(np.int32)
     kv_indices = table[used].astype(np.int32)               # row-major: sequence by sequence
     kv_last_page_len = np.where(lens > 0, (lens - 1) % block_size + 1, 0).astype(np.int32)
     return kv_indptr, kv_indices, kv_last_page_len
@@ -269,7 +298,8 @@ def csr_to_padded(kv_indptr, kv_indices, kv_last_page_len, block_size, max_block
         raise ValueError(f"max_blocks must be an integer, but got {max_blocks!r}.")
     elif max_blocks < longest:
         raise ValueError(f"max_blocks={max_blocks} is smaller than the most pages of a sequence ({longest}).")
+    lens = np.where(pages > 0, (pages - 1) * block_size + last, 0)
+    _fits_int32("seq_lens", lens, "tokens")
     table = np.full((pages.size, max_blocks), NO_BLOCK, np.int32)
     table[np.arange(max_blocks) < pages[:, None]] = indices
-    seq_lens = np.where(pages > 0, (pages - 1) * block_size + last, 0).astype(np.int32)
-    return table, seq_lens
+    return table, lens.astype(np.int32)

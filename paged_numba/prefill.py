@@ -1,21 +1,20 @@
 """Prefill (and chunked prefill) attention over a paged KV cache: validate, plan tiles, launch."""
-import math
-
 import numpy as np
 
 from . import _arrays, _launch, _simulator
+from . import _checks as C
 from . import _validate as V
+from ._validate import check_lengths  # noqa: F401  (prefill.check_lengths, as before)
 from .attention import _int32_device, _padded, _variants
 from .kernels import prefill_tc
+from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
-from .page_tables import check_offsets
 
 
 def _host_int(name, x):
-    """A host int64 copy of an integer array (device arrays are copied)."""
-    host = np.asarray(_arrays.to_host(x))
-    V.check_int_array(name, host)
-    return host.astype(np.int64)
+    """A host int64 copy of an integer array (device arrays are copied), its
+    entries checked against the int32 range the kernels narrow them to."""
+    return C.int_array(name, _arrays.to_host(x), dtype=np.int64)
 
 
 def uses_tensor_cores(cache, tensor_cores=None):
@@ -38,53 +37,6 @@ def uses_tensor_cores(cache, tensor_cores=None):
                          f"(16, 32, 64, 128, 256), but got {cache.dtype.name}, head_size="
                          f"{cache.head_size}.")
     return bool(tensor_cores)
-
-
-def check_lengths(cu_seqlens_q, seq_lens, total_q):
-    """Check ``cu_seqlens_q [num_seqs + 1]`` against ``seq_lens [num_seqs]``
-    and ``total_q`` query rows (host arrays): it starts at 0, never
-    decreases, ends at ``total_q``, and no sequence has more queries than
-    tokens in the cache. Returns the query lengths ``[num_seqs]``.
-
-    Parameters
-    ----------
-    cu_seqlens_q : array of int, ``[num_seqs + 1]``
-        Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``.
-    seq_lens : numpy.ndarray of int, ``[num_seqs]``
-        Tokens of each sequence in the cache, this step's included.
-    total_q : int
-        Query rows in all.
-
-    Returns
-    -------
-    q_lens : numpy.ndarray, ``[num_seqs]``
-        ``numpy.diff(cu_seqlens_q)``; ``ValueError`` names the first problem.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> check_lengths(np.array([0, 10, 13, 14]), np.array([10, 20, 1]), total_q=14)
-    array([10,  3,  1])
-    >>> check_lengths(np.array([0, 4, 5]), np.array([3, 9]), total_q=5)
-    Traceback (most recent call last):
-        ...
-    ValueError: sequence 0 has q_len 4 query tokens but seq_lens[0] = 3; seq_lens must count the cached tokens plus this step's, so q_len <= seq_len.
-    """
-    cu = np.asarray(cu_seqlens_q)
-    if cu.ndim != 1 or cu.size != seq_lens.size + 1:
-        raise ValueError(f"cu_seqlens_q must be [num_seqs + 1] = [{seq_lens.size + 1}], but got "
-                         f"shape {V.shape_of(cu)}.")
-    q_lens = check_offsets("cu_seqlens_q", cu)
-    if cu[-1] != total_q:
-        raise ValueError(f"cu_seqlens_q[-1] must equal total_q = {total_q} (query rows), but got "
-                         f"{int(cu[-1])}.")
-    over = np.flatnonzero(q_lens > seq_lens)
-    if over.size:
-        i = int(over[0])
-        raise ValueError(f"sequence {i} has q_len {int(q_lens[i])} query tokens but seq_lens[{i}] "
-                         f"= {int(seq_lens[i])}; seq_lens must count the cached tokens plus this "
-                         f"step's, so q_len <= seq_len.")
-    return q_lens
 
 
 def plan_tiles(q_lens, seq_lens, block_q, causal=True, sliding_window=None):
@@ -164,14 +116,23 @@ class PrefillPlan:
         block. Defaults from :func:`paged_numba.kernels.prefill.prefill_config`,
         or :func:`paged_numba.kernels.prefill_tc.prefill_tc_config` on tensor
         cores (on the simulator: one warp and 16-key tiles). On tensor cores
-        each warp owns 16 rows (``block_q = 16 * num_warps /
-        heads_per_block``: give ``num_warps`` or ``block_q``, not both) and
-        ``block_n`` is a multiple of 16.
+        each warp owns ``16 * m_tiles`` rows (``block_q = 16 * m_tiles *
+        num_warps / heads_per_block``: give ``num_warps`` or ``block_q``, not
+        both; ``m_tiles`` is 2 in the default prompt tilings up to head size
+        128, else 1 unless ``kernel_options`` say otherwise) and ``block_n`` is
+        a multiple of 16.
     kernel_options : dict, optional
         Keyword arguments of the tensor-core kernel's factory
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
-        ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``), for
-        studying its variants; an error on CUDA cores.
+        ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
+        ``m_tiles``), for studying its variants; they replace the defaults'
+        (``prefill_tc_config``'s options); an error on CUDA cores.
+    num_parts : int, optional
+        Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
+        by separate thread blocks, their states merged by
+        :func:`merge_states`'s kernel (default 1: no split). For batches of
+        few tiles and long contexts (decode-like batches, MQA, large GQA
+        groups), where one block a tile leaves most SMs idle.
 
     Examples
     --------
@@ -188,13 +149,13 @@ class PrefillPlan:
     def __init__(self, cache, cu_seqlens_q, seq_lens, num_heads, *, causal=True, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  tensor_cores=None, heads_per_block=None, block_q=None, block_n=None,
-                 num_warps=None, kernel_options=None):
+                 num_warps=None, kernel_options=None, num_parts=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
-        num_heads = int(num_heads)
-        if num_heads < 1:
-            raise ValueError(f"num_heads must be positive, but got {num_heads}.")
+        num_heads = C.integer("num_heads", num_heads, lo=1)
         V.check_heads(num_heads, cache)
+        self.causal = C.flag("causal", causal)
+        options = _kernel_options(kernel_options)
         self.cache, self.num_heads = cache, num_heads
         lens = _host_int("seq_lens", seq_lens)
         if lens.ndim != 1:
@@ -207,30 +168,24 @@ class PrefillPlan:
         self.total_q = int(cu[-1]) if cu.ndim == 1 and cu.size else 0
         self.q_lens = check_lengths(cu, lens, self.total_q)
         self.num_seqs = int(lens.size)
-        self.causal = bool(causal)
-        self.scale = 1.0 / math.sqrt(cache.head_size) if scale is None else float(scale)
-        if not math.isfinite(self.scale):
-            raise ValueError(f"scale must be finite, but got {scale}.")
+        self.scale = V.scale_of(scale, cache.head_size)
         self._variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
         window = int(self._variants[2]) or None
         group = num_heads // cache.num_kv_heads
         max_q = int(self.q_lens.max(initial=1))
         self.tensor_cores = uses_tensor_cores(cache, tensor_cores)
-        options = dict(kernel_options or {})
         if options and not self.tensor_cores:
             raise ValueError(f"kernel_options apply to the tensor-core kernel, but this plan runs "
                              f"on CUDA cores; got {options!r}.")
-        known = {"q_in_regs", "max_registers", "fast_exp2", "fma_softmax", "token_copies",
-                 "m_tiles"}
-        if set(options) - known:
-            raise ValueError(f"kernel_options may hold {sorted(known)}, but got "
-                             f"{sorted(set(options) - known)}.")
-        if options.get("m_tiles", 1) not in (1, 2):
-            raise ValueError(f"kernel_options['m_tiles'] must be 1 or 2, but got "
-                             f"{options['m_tiles']!r}.")
+        self.num_parts = 1 if num_parts is None else C.integer("num_parts", num_parts, lo=1,
+                                                               hi=1024)
+        if self.num_parts > 1 and not self.tensor_cores:
+            raise ValueError(f"num_parts (split-K) applies to the tensor-core kernel, but this "
+                             f"plan runs on CUDA cores; got num_parts={self.num_parts}.")
         if self.tensor_cores:
-            self._tc_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps,
-                            options.get("m_tiles", 1))
+            # the defaults' options, then the caller's
+            options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
+                                         num_warps, options.get("m_tiles")), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -243,6 +198,11 @@ class PrefillPlan:
         d = cache.head_size
         self.out = _arrays.zeros((self.total_q, num_heads, d), cache.dtype)
         self.lse = _arrays.zeros((self.total_q, num_heads), np.float32)
+        self._parts = None
+        if self.num_parts > 1:          # split-K partial states, merged into out and lse
+            self._parts = (_arrays.zeros((self.total_q, self.num_parts, num_heads, d), np.float32),
+                           _arrays.zeros((self.total_q, self.num_parts, num_heads), np.float32))
+            options["split_k"] = True
         if self.tensor_cores:
             self._kernel = prefill_tc.prefill_tc_kernel(
                 d, cache.block_size, self.heads_per_block, self.block_n, cache.dtype.name,
@@ -251,7 +211,7 @@ class PrefillPlan:
             self._kernel = prefill_kernel(d, cache.block_size, self.heads_per_block, self.block_q,
                                           self.block_n, cache.dtype.name, cache.layout,
                                           self.num_warps)
-        self._grid = (self.num_tiles, num_heads // self.heads_per_block)
+        self._grid = (self.num_tiles, num_heads // self.heads_per_block, self.num_parts)
         self._inputs = None
         self._launch = None
 
@@ -267,19 +227,29 @@ class PrefillPlan:
         self.heads_per_block = hpb = self._heads_per_block(group, heads_per_block, d_hpb)
         self.block_q = _knob("block_q", block_q, d_bq)
         self.block_n = _knob("block_n", block_n, d_bn)
-        self.num_warps = _knob("num_warps", num_warps, d_nw)
+        self.num_warps = _knob("num_warps", num_warps, d_nw, hi=32)
         need = shared_bytes(self.cache.head_size, hpb * self.block_q, self.block_n)
         if need > SHARED_LIMIT:
             raise ValueError(f"tile of {hpb * self.block_q} rows x {self.block_n} keys at head "
                              f"size {self.cache.head_size} needs {need} bytes of shared memory, "
                              f"more than {SHARED_LIMIT}.")
 
-    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles=1):
-        d_hpb, _, d_bn, d_nw = prefill_tc.prefill_tc_config(self.cache.head_size, group, max_q)
-        if _simulator.simulator_enabled():
+    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles):
+        """Set the tiling; returns the default kernel options (``m_tiles`` the
+        caller's, if given)."""
+        d_hpb, _, d_bn, d_nw, defaults = prefill_tc.prefill_tc_config(self.cache.head_size,
+                                                                      group, max_q)
+        sim = _simulator.simulator_enabled()
+        if sim:
             # one warp, 16-key tiles: the simulator runs each thread in Python and
             # each mma as a rendezvous of 32 of them, so the GPU's tiles cost minutes there
             d_bn, d_nw = 16, 1
+        if sim or num_warps is not None or block_q is not None:
+            # a tiling of the caller's (or the simulator's): one m-tile a warp unless
+            # kernel_options say otherwise, the kernel's own q_in_regs
+            defaults = {"fast_exp2": defaults["fast_exp2"]}
+        if m_tiles is None:
+            m_tiles = defaults.get("m_tiles", 1)
         self.heads_per_block = hpb = self._heads_per_block(group, heads_per_block, d_hpb)
         rows = 16 * m_tiles                 # rows a warp
         if block_q is not None and num_warps is not None:
@@ -308,6 +278,7 @@ class PrefillPlan:
             raise ValueError(f"tile of {rows * nw} rows x {bn} keys at head size "
                              f"{self.cache.head_size} needs {need} bytes of shared memory, more "
                              f"than {prefill_tc.MAX_SHARED_BYTES}.")
+        return defaults
 
     def run(self, query, block_tables, *, stream=None, validate=False):
         """Launch prefill attention.
@@ -328,6 +299,7 @@ class PrefillPlan:
             Owned by the plan and overwritten by the next ``run``; :attr:`lse`
             ``[total_q, num_heads]`` float32 holds the log-sum-exps.
         """
+        validate = C.flag("validate", validate)
         inputs = (query, block_tables)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
             self._pack(inputs)
@@ -358,9 +330,20 @@ class PrefillPlan:
     def _pack(self, inputs, validate=True):
         q, tables = self._check(inputs, validate)
         c = self.cache
-        args = (self.out, self.lse, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
+        outs = self._parts or (self.out, self.lse)
+        args = (*outs, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
                 *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants)
-        self._launch = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
+        launch = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
+        if self._parts is None:
+            self._launch = launch
+        else:
+            merge = _launch.PackedLaunch(merge_kernel(c.dtype.name), (self.num_heads, self.total_q),
+                                         128, (self.out, self.lse, *self._parts))
+
+            def both(stream):
+                launch(stream)
+                merge(stream)
+            self._launch = both
         self._inputs = inputs
 
     def __repr__(self):
@@ -368,15 +351,34 @@ class PrefillPlan:
                 f"num_heads={self.num_heads}, head_size={self.cache.head_size}, "
                 f"heads_per_block={self.heads_per_block}, block_q={self.block_q}, "
                 f"block_n={self.block_n}, num_warps={self.num_warps}, num_tiles={self.num_tiles}, "
+                f"num_parts={self.num_parts}, "
                 f"tensor_cores={self.tensor_cores})")
 
 
-def _knob(name, value, default):
-    if value is None:
-        return default
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name} must be a positive integer, but got {value!r}.")
-    return int(value)
+def _knob(name, value, default, hi=None):
+    return default if value is None else C.integer(name, value, lo=1, hi=hi)
+
+
+# kernel_options: each key's check (the tensor-core kernel factory's keyword arguments)
+_OPTION_CHECKS = {
+    "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
+    "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
+    "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
+}
+
+
+def _kernel_options(kernel_options):
+    """``kernel_options`` (None or a dict) with known keys and checked values."""
+    if kernel_options is None:
+        return {}
+    if not isinstance(kernel_options, dict):
+        raise ValueError(f"kernel_options must be a dict or None, but got {kernel_options!r}.")
+    unknown = set(kernel_options) - set(_OPTION_CHECKS)
+    if unknown:
+        raise ValueError(f"kernel_options may hold {sorted(_OPTION_CHECKS)}, but got "
+                         f"{sorted(unknown)}.")
+    return {key: _OPTION_CHECKS[key](f"kernel_options['{key}']", value)
+            for key, value in kernel_options.items()}
 
 
 def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causal=True,
@@ -437,6 +439,13 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
         In the query's dtype; NumPy when the query is NumPy, else a numba
         device array. A query that admits no key gets zeros (lse ``-inf``).
 
+    Notes
+    -----
+    Arguments are checked as in :func:`paged_numba.paged_decode` (``causal``,
+    ``return_lse`` and ``validate`` must be bools). NaN and Inf in the data
+    give what the float64 reference gives (:mod:`paged_numba.reference`): a
+    masked key's value reaches no output.
+
     Examples
     --------
     >>> import numpy as np
@@ -452,6 +461,7 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     ((2, 2, 8), dtype('float16'))
     """
     V.check_cache(cache)
+    return_lse, validate = C.flag("return_lse", return_lse), C.flag("validate", validate)
     q, from_host = _arrays.as_device(query, "query")
     total_q, num_heads, head_size = V.check_query(query, q, cache,
                                                   "[total_q, num_heads, head_size]")

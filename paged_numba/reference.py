@@ -8,6 +8,27 @@ the kernels' tolerances). No kernel imports this module.
 
 Inputs may be any float dtype NumPy can cast, ``ml_dtypes.bfloat16`` included:
 every function converts with ``np.asarray(x, dtype)``, which is exact from bf16.
+
+Non-finite inputs follow IEEE arithmetic in float64, and every kernel gives
+the same (with and without split-K). A query row *attends* the keys its mask
+admits (its sequence's tokens, up to its own position when causal, inside
+the sliding window); the others are never read for it. Then:
+
+* a NaN in the row's query, or in the key of a token it attends (its KV
+  head's), makes that logit NaN, and a NaN logit makes the row's whole output
+  and its log-sum-exp NaN (``numpy.max`` propagates NaN into the running max);
+* ``+inf`` or ``-inf`` in the query or a key gives logits of ``+-inf``, or NaN
+  where it meets a zero (``inf * 0``). A ``+inf`` logit makes the row NaN
+  (``exp(inf - inf)``); ``-inf`` logits weigh 0, and a row whose every
+  attended logit is ``-inf`` is empty: zeros and a log-sum-exp of ``-inf``,
+  as for a row that attends no key. The soft cap maps ``+-inf`` logits to
+  ``+-c`` (``tanh``), so with it only NaN spreads;
+* a NaN (or an ``inf``) in element ``d`` of an attended token's value makes
+  ``out[row, d]`` NaN (or ``+-inf``; NaN where its weight is 0, ``0 * inf``)
+  and leaves the log-sum-exp alone. A masked token's value reaches no output.
+
+Scalars (scale, soft cap, ALiBi slopes) are finite: the public functions
+reject the others.
 """
 import math
 
@@ -95,6 +116,15 @@ def logits(q, k, scale, dtype=np.float64, *, q_positions=None, causal=False,
     array([[[ 0.5,  2. , -inf],
             [-inf,  1.5,  3. ]]])
     """
+    z, keep = _logits(q, k, scale, dtype, q_positions, causal, sliding_window, alibi_slopes,
+                      logits_soft_cap)
+    return np.where(keep[None], z, -np.inf)
+
+
+def _logits(q, k, scale, dtype, q_positions, causal, sliding_window, alibi_slopes,
+            logits_soft_cap):
+    """:func:`logits` before masking, ``[num_heads, num_q, num_kv]``, and the
+    mask ``[num_q, num_kv]`` (True where query ``i`` attends key ``j``)."""
     q, k = np.asarray(q, dtype=dtype), np.asarray(k, dtype=dtype)
     num_q, num_heads, _ = q.shape
     num_kv = k.shape[0]
@@ -113,7 +143,7 @@ def logits(q, k, scale, dtype=np.float64, *, q_positions=None, causal=False,
         keep &= (qpos[:, None] - kpos[None, :]) < sliding_window
     if causal:
         keep &= kpos[None, :] <= qpos[:, None]
-    return np.where(keep[None], z, -np.inf)
+    return z, keep
 
 
 def attention(q, k, v, scale, dtype=np.float64, **variants):
@@ -156,13 +186,21 @@ def attention(q, k, v, scale, dtype=np.float64, **variants):
     """
     q, v = np.asarray(q, dtype=dtype), np.asarray(v, dtype=dtype)
     num_heads = q.shape[1]
-    z = logits(q, k, scale, dtype, **variants)                 # [num_heads, num_q, num_kv]
+    variants = {"q_positions": None, "causal": False, "sliding_window": None,
+                "alibi_slopes": None, "logits_soft_cap": None, **variants}
+    z, keep = _logits(q, k, scale, dtype, **variants)
+    z = np.where(keep[None], z, -np.inf)                       # [num_heads, num_q, num_kv]
     m = z.max(axis=-1, keepdims=True, initial=-np.inf)
     empty = np.isneginf(m)
     p = np.exp(z - np.where(empty, 0, m))
     l = p.sum(axis=-1, keepdims=True)
     v = np.repeat(v, num_heads // v.shape[1], axis=1)
-    out = np.einsum("hqk,khd->qhd", p / np.where(empty, 1, l), v)
+    w = p / np.where(empty, 1, l)
+    finite = np.isfinite(v)
+    out = np.einsum("hqk,khd->qhd", w, np.where(finite, v, 0))
+    for j, h, d in zip(*np.nonzero(~finite)):   # a non-finite value: only where attended
+        rows = keep[:, j]
+        out[rows, h, d] += w[h, rows, j] * v[j, h, d]
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, l)))[..., 0].T
     return out.astype(dtype), lse.astype(dtype)

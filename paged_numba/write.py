@@ -1,7 +1,8 @@
 """Public KV scatter: validate, then launch ``kernels.write_kv``."""
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _launch
+from . import _checks as C
 from . import _validate as V
 from .kernels.write_kv import write_kv_kernel
 from .layouts import vector_width
@@ -49,6 +50,7 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
     (dtype(bfloat16), [0.0, 0.0, 1.5])
     """
     V.check_cache(cache)
+    validate = C.flag("validate", validate)
     k, _ = _arrays.as_device(key, "key")
     v, _ = _arrays.as_device(value, "value")
     expected = (cache.num_kv_heads, cache.head_size)
@@ -63,24 +65,27 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
         raise ValueError(
             f"key and value must have the same shape, but got {V.shape_of(k)} and {V.shape_of(v)}.")
     num_tokens = k.shape[0]
+    host = isinstance(slot_mapping, np.ndarray)
+    if not host:
+        slots, _ = _arrays.as_device(slot_mapping, "slot_mapping")   # TypeError if no array
     V.check_int_array("slot_mapping", slot_mapping)
     if len(slot_mapping.shape) != 1 or slot_mapping.shape[0] != num_tokens:
         raise ValueError(
             f"slot_mapping must be [num_tokens] = [{num_tokens}], but got shape "
             f"{V.shape_of(slot_mapping)}.")
-    if isinstance(slot_mapping, np.ndarray):
-        slots_host = slot_mapping.astype(np.int64)
-        slots, _ = _arrays.as_device(slots_host, "slot_mapping")
-    else:
-        slots, _ = _arrays.as_device(slot_mapping, "slot_mapping")
-        slots_host = slots.copy_to_host() if validate else None
-    if validate and num_tokens:
+    slots_host = slot_mapping if host else (slots.copy_to_host() if validate else None)
+    if (validate or host) and num_tokens:
+        # compared in the array's own dtype, before any cast (a uint64 2**64 - 1 is not -1)
         bad = np.flatnonzero((slots_host < -1) | (slots_host >= cache.num_slots))
         if bad.size:
             t = int(bad[0])
             raise ValueError(
                 f"slot_mapping[{t}] is {int(slots_host[t])}, outside [0, {cache.num_slots}) "
                 f"(-1 marks padding).")
+    if host:
+        slots_host = slots_host.astype(np.int64)
+        slots, _ = _arrays.as_device(slots_host, "slot_mapping")
+    if validate and num_tokens:
         real = slots_host[slots_host >= 0]
         uniq, counts = np.unique(real, return_counts=True)
         if (counts > 1).any():
@@ -88,4 +93,4 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
                 f"slot {int(uniq[counts > 1][0])} appears more than once in slot_mapping.")
     if num_tokens:
         kernel = write_kv_kernel(cache.block_size, cache.layout, vector_width(cache.dtype))
-        kernel[num_tokens, 128](cache.key_cache, cache.value_cache, k, v, slots)
+        _launch.launch(kernel, num_tokens, 128, (cache.key_cache, cache.value_cache, k, v, slots))

@@ -422,7 +422,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def cached_blocks_hold_their_keys(self):
-        for key, b in self.m._cached.items():
+        for key, b in self.m.prefix_cache.items():
             assert self.dev[b] == list(key[1])
         assert 0.0 <= self.m.hit_rate <= 1.0 and self.m.num_hit_blocks <= self.m.num_lookup_blocks
 

@@ -52,8 +52,8 @@ def _problem(seq_lens, table, block_size, head_size=64, num_heads=2, num_kv_head
         block_tables=table, seed=seed)
 
 
-# The seeds' examples: a 60-token request in blocks [7, 1, 12, 4] of 16 tokens
-# (60 = 3 * 16 + 12), and three sequences with 30, 32 and 70 cached tokens
+# Worked examples of published PagedAttention lessons: a 60-token request in
+# blocks [7, 1, 12, 4] of 16 tokens (60 = 3 * 16 + 12), and three sequences with 30, 32 and 70 cached tokens
 # plus one new token each in blocks of 32 (31 fits block 2; 33 = 32 + 1 needs
 # blocks 0 and 1; 71 = 2 * 32 + 7 needs blocks 3, 5 and 6).
 SEED_60 = _problem([60], [[7, 1, 12, 4]], 16)
@@ -590,3 +590,37 @@ def test_non_contiguous_device_query_is_refused():
     wide = cuda.to_device(np.zeros((1, 2, 32), np.float16))
     with pytest.raises(ValueError, match="query must be C-contiguous, but got strides"):
         pn.paged_decode(wide[:, :, ::2], cache, p.block_tables, p.seq_lens)
+
+
+# MQA and groups of 32 or more run on the tensor-core prefill tile (one query
+# token a "prompt", 32 heads of a KV head in one tile; 16 on the simulator) with
+# split-K parts.
+MQA_32 = _problem([23, 70, 0], [[3, 0, -1, -1, -1], [1, 4, 6, 2, 5], [-1] * 5], 16,
+                  head_size=32, num_heads=32, num_kv_heads=1)
+GROUP_32_BF16 = _problem([41, 9], [[2, 0, 5], [1, -1, -1]], 16, head_size=16, num_heads=64,
+                         num_kv_heads=2, layout="vllm", dtype="bfloat16")
+
+
+@pytest.mark.parametrize("p, num_partitions, variants", [
+    (MQA_32, 1, {}), (MQA_32, 3, dict(sliding_window=30)),
+    (GROUP_32_BF16, None, dict(logits_soft_cap=2.0, alibi_slopes=np.linspace(-1, 1, 64)))],
+    ids=["mqa-unsplit", "mqa-three-parts-window", "group32-bf16-vllm-default-split"])
+def test_large_group_decode_on_the_prefill_tile(p, num_partitions, variants):
+    """The prefill-tile path agrees with the reference (an empty sequence gets
+    zeros and lse -inf), and ``DecodePlan`` takes the same path with the same
+    bits."""
+    from numba import cuda
+    from paged_numba._arrays import host_bits
+    from paged_numba._group_decode import group_tile
+    (q, k, v), out, lse = run_decode(p, num_partitions, **variants)
+    cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
+    assert group_tile(cache, p.num_heads) == 32
+    check_attention(q, out, lse, *decode_reference(p, q, k, v, **variants))
+    empty = p.seq_lens == 0
+    assert (out[empty] == 0).all() and np.isneginf(lse[empty]).all()
+    plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks,
+                         num_partitions=num_partitions, **variants)
+    assert plan.heads_per_block in (16, 32)
+    got = plan.run(cuda.to_device(host_bits(q)), cuda.to_device(p.block_tables),
+                   cuda.to_device(p.seq_lens)).copy_to_host()
+    assert np.array_equal(got.view(np.uint16), np.asarray(out).view(np.uint16))

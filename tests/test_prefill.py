@@ -57,7 +57,7 @@ def _problem(q_lens, seq_lens, table, block_size, head_size=16, num_heads=2, num
         seq_lens=np.asarray(seq_lens, np.int32), block_tables=table, seed=seed)
 
 
-# The HF continuous-batching seed's mixed batch: query lengths [10, 3, 1] with
+# transformers' continuous-batching example's mixed batch: query lengths [10, 3, 1] with
 # 0, 1 and 7 tokens cached, so kv lengths [10, 4, 8] and cu_seqlens_q
 # [0, 10, 13, 14]; blocks of 4 (10 = 2 * 4 + 2 needs 3 blocks, 4 one, 8 two).
 SEED_MIX = _problem([10, 3, 1], [10, 4, 8], [[5, 0, 3], [1, -1, -1], [4, 2, -1]], 4,
@@ -147,6 +147,28 @@ def test_tc_prefill_kernel_options(options):
         check_prefill(LONG_F16, True, dict(SMALL_TC, kernel_options=dict(unrolled=True)))
     with pytest.raises(ValueError, match="kernel_options apply to the tensor-core kernel"):
         check_prefill(SEED_MIX, True, dict(SMALL, kernel_options=options))
+
+
+@pytest.mark.parametrize("p, parts, extra", [
+    (LONG_F16, 2, {}), (LONG_F16, 5, {}), (MQA_DECODE_F16, 3, dict(heads_per_block=16))],
+    ids=["two-parts", "more-parts-than-tiles", "mqa-decode"])
+def test_tc_prefill_split_k(p, parts, extra):
+    """Split-K (``num_parts``): each tile's key tiles in parts, merged. With more
+    parts than a tile has key tiles (3 at 16-key tiles of 40 keys), some parts
+    hold no key; causal rows of the first tokens admit fewer tiles still."""
+    tiling = dict(SMALL_TC, num_parts=parts, **extra)
+    check_prefill(p, True, tiling)
+    if parts == 2:
+        check_prefill(p, False, tiling, sliding_window=19, alibi_slopes=np.array([0.25, -0.5]),
+                      logits_soft_cap=3.0)
+    with pytest.raises(ValueError, match="num_parts .split-K. applies to the tensor-core kernel"):
+        check_prefill(SEED_MIX, True, dict(SMALL, num_parts=parts))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "4", 1025])
+def test_split_k_rejects_bad_num_parts(bad):
+    with pytest.raises((ValueError, TypeError), match="num_parts"):
+        check_prefill(LONG_F16, True, dict(SMALL_TC, num_parts=bad))
 
 
 def test_seed_mix_default_tiling_and_variants():

@@ -15,7 +15,8 @@ import paged_numba
 from paged_numba.__main__ import main
 from paged_numba.sweeps import ENV_COLUMNS, SWEEPS, Sweep, register, run_sweep
 
-EXPECTED = {"memory-waste", "merge-rule", "exactness", "decode", "paging-overhead", "split-k"}
+EXPECTED = {"memory-waste", "merge-rule", "exactness", "decode", "paging-overhead", "split-k",
+            "sharing", "prefix-cache"}
 
 
 def counting(measure):
@@ -83,6 +84,16 @@ def test_quick_results_make_sense(quick_dir):
     assert (exact["err_over_bound"] <= 1).all()
     for name in ("decode", "paging-overhead", "split-k"):
         assert (pd.read_csv(quick_dir / f"{name}_quick.csv")["us"] > 0).all()
+
+
+def test_quick_serving_sweeps_make_sense(quick_dir):
+    share = pd.read_csv(quick_dir / "sharing_quick.csv").set_index("mode")
+    assert share.loc["beam", "saving"] > share.loc["parallel", "saving"] > 0
+    assert (share["batch_gain"] >= 1).all() and (share["block_size"] == 16).all()
+    cache = pd.read_csv(quick_dir / "prefix-cache_quick.csv")
+    on, off = cache[cache["caching"] == "on"], cache[cache["caching"] == "off"]
+    assert (off["hit_rate"] == 0).all() and (off["prefill_ratio"] == 1).all()
+    assert (on["hit_rate"] > 0).all() and (on["prefill_ratio"] < 1).all()
 
 
 def test_resume_adds_only_missing_points(tmp_path, capsys):
@@ -233,6 +244,38 @@ def test_cli_refuses_full_device_grid_on_simulator(tmp_path, capsys):
         main(["sweep", "decode", "--out", str(tmp_path)])
     assert e.value.code == 2 and "needs a GPU" in capsys.readouterr().err
     assert not (tmp_path / "decode.csv").exists()
+
+
+def test_cli_plot_redraws_from_the_csv(quick_dir, capsys):
+    """--plot measures nothing: it redraws a figure from the CSV alone (a GPU
+    run's CSV on a machine without a GPU), and a missing CSV is a one-line error."""
+    if not _has_matplotlib():
+        pytest.skip("the figure needs the plots extra")
+    png = quick_dir / "decode_quick.png"
+    png.unlink(missing_ok=True)
+    assert main(["sweep", "decode", "--plot", "--quick", "--out", str(quick_dir)]) == 0
+    assert png.stat().st_size > 0 and str(png) in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "decode", "--plot", "--out", str(quick_dir)])     # no decode.csv there
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "run the sweep first" in err and err.count("\n") == 1
+
+
+def test_simulator_timings_are_not_drawn_as_microseconds(quick_dir, monkeypatch):
+    """A timing sweep measured on the simulator is drawn as the simulation's
+    wall time in seconds, and the title says that it is not a kernel timing."""
+    from paged_numba.sweeps import figures
+
+    drawn = {}
+    monkeypatch.setattr(figures, "line_figure",
+                        lambda df, path, x, y, *args, **kwargs: drawn.update(y=y, **kwargs))
+    df = pd.read_csv(quick_dir / "split-k_quick.csv")
+    figures.timing_figure(df, "unused.png", "num_partitions", ["batch"], title="t")
+    if (df["gpu"] == "simulator").all():
+        assert drawn["y"] == "sim_s" and "(s)" in drawn["ylabel"]
+        assert "NOT a kernel timing" in drawn["title"] and "µs" not in drawn["ylabel"]
+    else:
+        assert "µs" in drawn["ylabel"] and "NOT" not in drawn["title"]
 
 
 def test_cli_subprocess_exit_status(tmp_path):

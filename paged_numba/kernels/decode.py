@@ -16,6 +16,14 @@ KV head ``g = h // (num_heads // num_kv_heads)`` and partition ``p`` (tokens
 With one partition that is the attention output itself; with several, the
 partials are combined by ``kernels.merge`` with the (m, l) rule.
 
+Non-finite data as in ``paged_numba.reference``: ``max`` passes over a NaN
+logit (a comparison with NaN is false), so the running maximum stays a number
+and the NaN travels in the exp-sums instead. Where no finite maximum exists
+yet the exponent subtracts 0 (not ``-inf``), so a masked logit still weighs 0
+and a NaN one NaN; a NaN exp-sum then makes the epilogue's ``l != 0`` test
+pass, and ``1 / l`` and ``log l`` carry it to the output and the lse. The
+steady loop does no extra work for it.
+
 Structure (FlashDecoding's split of the context, with the query heads of one
 KV head's group handled together so that each K/V byte is read once):
 
@@ -142,7 +150,8 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None
     It sums the token groups with shuffles and merges the warps with the (m, l)
     rule through ``acc_s [num_warps, head_size]`` float32 shared memory, then
     writes ``out[seq, part, h0 + hh, :]`` (through ``from_f32``) and the
-    natural-log ``lse[seq, part, h0 + hh]`` (``-inf`` when no key was seen).
+    natural-log ``lse[seq, part, h0 + hh]`` (``-inf`` when no key was seen,
+    NaN with the output when some warp's ``l`` is NaN).
 
     ``put_row(acc_s, warp, hh, g, lane_r, acc, f)``, when given, replaces the
     token-group sums and the store of ``f`` times head ``hh``'s row into
@@ -165,14 +174,15 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None
             mx = NEG_INF
             for w in range(NW):
                 mx = max(mx, m_s[w, hh])
+            # subtract 0 when no warp has a finite maximum: a warp that saw no key
+            # (m = -inf, l = 0) adds 0, one that saw only NaN logits (l = NaN) adds NaN
+            m_use = mx if mx != NEG_INF else float32(0.0)
             total = float32(0.0)
-            if mx != NEG_INF:
-                for w in range(NW):
-                    if m_s[w, hh] != NEG_INF:
-                        total += l_s[w, hh] * math.exp2(m_s[w, hh] - mx)
+            for w in range(NW):
+                total += l_s[w, hh] * math.exp2(m_s[w, hh] - m_use)
             f = float32(0.0)
-            if total > 0.0 and m_s[warp, hh] != NEG_INF:
-                f = math.exp2(m_s[warp, hh] - mx) / total
+            if total != 0.0:            # and NaN: NaN logits make the row NaN
+                f = math.exp2(m_s[warp, hh] - m_use) / total
             if OWN_ROWS:
                 put_row(acc_s, warp, hh, g, lane_r, acc, f)
             elif g == 0:
@@ -188,7 +198,7 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None
                     o += acc_s[w, d]
                 out[seq, part, h0 + hh, d] = from_f32(o)
             if tid == 0:
-                if total > 0.0:
+                if total != 0.0:
                     lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
                 else:
                     lse[seq, part, h0 + hh] = NEG_INF
@@ -416,11 +426,12 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 alpha = float32(1.0)
                 if m_new > m_run[a]:
                     alpha = math.exp2(m_run[a] - m_new)
+                # no finite maximum yet: subtract 0, so masked logits (-inf) still give 0
+                # and NaN logits (which max() passes over) give NaN
+                m_use = m_new if m_new != NEG_INF else float32(0.0)
                 lsum = float32(0.0)
                 for b in range(UL):
-                    e = float32(0.0)
-                    if m_new != NEG_INF:
-                        e = math.exp2(red[a * UL + b] - m_new)
+                    e = math.exp2(red[a * UL + b] - m_use)
                     p[a * UL + b] = e
                     lsum += e
                 l_run[a] = l_run[a] * alpha + (lsum if owner else float32(0.0))

@@ -146,7 +146,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     instruction, the XOR-swizzled ring) and reads the mma's B fragments with
     ``ldmatrix``: the head dimension in its natural order, so other rounding
     too. Both together were 2.6-3.8% faster than neither on the H200's large
-    headline shapes (``experiments/NOTES.md``, decode v8, 2026-11-30); ``tuning.decode_launch``
+    headline shapes (``docs/journal/decode_tc.md``, decode v8, 2026-11-30); ``tuning.decode_launch``
     says which ones ``paged_decode`` uses by default."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "

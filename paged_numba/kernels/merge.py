@@ -11,7 +11,10 @@ log-sum-exp ``s[i, k, h] = m_k + log(l_k)``)::
 
 which is ``m = max(m1, m2)``, ``l = l1 e^(m1 - m) + l2 e^(m2 - m)`` applied
 to all states at once. Empty states (``s = -inf``) weigh nothing; a row with
-only empty states gets zeros and ``-inf``.
+only empty states gets zeros and ``-inf``. Non-finite log-sum-exps follow the
+float64 spec (``numpy.max`` propagates NaN): a NaN state, or a ``+inf`` one
+(``exp(inf - inf)`` is NaN), makes the row's output and log-sum-exp NaN; a
+NaN in ``v[i, k, h, d]`` of a state that takes part makes ``out[i, h, d]`` NaN.
 
 ``v`` is read and ``out`` written through ``codec`` (``convert.py``), so either
 may hold bfloat16 bit patterns (``uint16``).
@@ -59,33 +62,36 @@ def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
         # (m, l) of this lane's states, then of the whole row by butterfly
         m = NEG_INF
         total = float32(0.0)
+        # m is never NaN (a NaN state fails x > m): NaN travels in total instead
         for k in range(lane, num_states, 32):
             x = float32(s[i, k, h])
             if x > m:
-                total = total * math.exp(m - x) + float32(1.0)
+                # the new maximum's own weight exp(x - x): 1, or NaN for x = +inf
+                total = total * math.exp(m - x) + (x - x + float32(1.0))
                 m = x
             elif x != NEG_INF:
-                total += math.exp(x - m)
+                total += math.exp(x - m)         # NaN for a NaN state
         for o in (16, 8, 4, 2, 1):
             m2 = cuda.shfl_xor_sync(FULL_MASK, m, o)
             t2 = cuda.shfl_xor_sync(FULL_MASK, total, o)
             mn = max(m, m2)
-            if mn != NEG_INF:
-                total = total * math.exp(m - mn) + t2 * math.exp(m2 - mn)
+            mu = mn if mn != NEG_INF else float32(0.0)    # empty lanes add 0 (or their NaN)
+            total = total * math.exp(m - mu) + t2 * math.exp(m2 - mu)
             m = mn
         # the lanes may round differently: all take lane 0's sum
         total = cuda.shfl_sync(FULL_MASK, total, 0)
+        mu = m if m != NEG_INF else float32(0.0)
         inv = float32(0.0)
-        if total > 0.0:
+        if total != 0.0:                         # and NaN
             inv = float32(1.0) / total
         for d0 in range(0, head_size, NT):
             d = min(d0 + tid, head_size - 1)     # spare lanes load a valid element, store nothing
             acc = float32(0.0)
-            if m != NEG_INF:
+            if total != 0.0:                     # not a row of empty states only
                 for k0 in range(0, num_states, 32):
                     w = float32(0.0)
                     if k0 + lane < num_states:
-                        w = math.exp(float32(s[i, k0 + lane, h]) - m) * inv
+                        w = math.exp(float32(s[i, k0 + lane, h]) - mu) * inv
                     run = min(32, num_states - k0)
                     j = 0
                     while j + UNROLL <= run:
@@ -99,7 +105,7 @@ def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
             if d0 + tid < head_size:
                 out[i, h, d] = out_from_f32(acc)
         if tid == 0:
-            if total > 0.0:
+            if total != 0.0:
                 lse_out[i, h] = m + math.log(total)
             else:
                 lse_out[i, h] = NEG_INF

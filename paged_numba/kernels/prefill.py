@@ -41,6 +41,14 @@ Structure (FlashAttention-2's loop order, on CUDA cores in fp32):
   fp32 registers, an ``RMO x RD`` micro-tile per thread (rows ``to + i * TRO``,
   elements ``td + j * TD``, so a warp's lanes read consecutive elements);
 * epilogue: ``out = O / l`` in the query dtype, ``lse = m + log(l)``.
+
+Non-finite data as in ``paged_numba.reference``: a NaN logit, which ``max``
+passes over, makes its exp-sum NaN (the exponent subtracts 0 while a row has
+no finite maximum), and the epilogue's ``l != 0`` carries it to the output and
+the lse. A key that some rows of a tile mask (the causal diagonal, the
+window's edge) is added only to the rows that admit it: its weight is 0 in the
+others, but ``0 * NaN`` would not be. A tile whose keys every row admits (all
+but the diagonal and edge tiles) takes the plain loop, unchanged.
 """
 import functools
 import math
@@ -199,6 +207,10 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         # the last query's position (causal) or the end
         kv_lo = 0 if window <= 0 else max(pos0 - window + 1, 0)
         kv_hi = min(pos0 + nq, kv_len) if causal else kv_len
+        # keys every query of the tile admits: up to the first query's position
+        # (causal) and from the last query's window on
+        full_lo = 0 if window <= 0 else pos0 + nq - window
+        full_hi = pos0 + 1 if causal else kv_len
 
         q_s = cuda.shared.array((HEAD_SIZE, M), float32)
         kv_s = cuda.shared.array((HEAD_SIZE, PAD), float32)
@@ -317,14 +329,30 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
                 a = alpha_s[min(to + i * TRO, M - 1)]
                 for j in range(RD):
                     acc[i, j] *= a
-            for n in range(BN):
-                for i in range(RMO):
-                    pv[i] = p_s[min(to + i * TRO, M - 1), n]
-                for j in range(RD):
-                    vv[j] = kv_s[min(td + j * TD, HEAD_SIZE - 1), n]
-                for i in range(RMO):
+            if full_lo <= kt and kt + kn <= full_hi:    # every query admits every key
+                for n in range(BN):
+                    for i in range(RMO):
+                        pv[i] = p_s[min(to + i * TRO, M - 1), n]
                     for j in range(RD):
-                        acc[i, j] += pv[i] * vv[j]
+                        vv[j] = kv_s[min(td + j * TD, HEAD_SIZE - 1), n]
+                    for i in range(RMO):
+                        for j in range(RD):
+                            acc[i, j] += pv[i] * vv[j]
+            else:
+                # the causal diagonal and the window's edge: a key goes only to the rows
+                # that admit it, so a NaN or Inf value of a masked key (weight 0, but
+                # 0 * NaN is NaN) reaches no output
+                for n in range(BN):
+                    for i in range(RMO):
+                        pv[i] = p_s[min(to + i * TRO, M - 1), n]
+                    for j in range(RD):
+                        vv[j] = kv_s[min(td + j * TD, HEAD_SIZE - 1), n]
+                    k = kt + n
+                    for i in range(RMO):
+                        qp = pos0 + min(to + i * TRO, M - 1) // HPB     # the row's position
+                        if (causal == 0 or k <= qp) and (window <= 0 or qp - k < window):
+                            for j in range(RD):
+                                acc[i, j] += pv[i] * vv[j]
             cuda.syncthreads()  # kv_s, p_s and alpha_s are free for the next tile
 
         # -- epilogue: publish each row's (m, l), then out = O / l and lse = m + log l
@@ -341,7 +369,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
                 row = row0 + q0 + r // HPB
                 h = h0 + r % HPB
                 inv = float32(0.0)
-                if l_s[r] > 0.0:
+                if l_s[r] != 0.0:                    # and NaN: NaN logits make the row NaN
                     inv = float32(1.0) / l_s[r]
                 for j in range(RD):
                     d = td + j * TD
@@ -350,7 +378,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         for r in range(tid, M, NT):
             if r // HPB < nq:
                 x = NEG_INF
-                if l_s[r] > 0.0:
+                if l_s[r] != 0.0:
                     x = m_s[r] + math.log(l_s[r])
                 lse[row0 + q0 + r // HPB, h0 + r % HPB] = x
 

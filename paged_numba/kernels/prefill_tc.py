@@ -56,65 +56,18 @@ from .decode import LOG2E, STORAGE, lane_reducer
 from .convert import codec
 from .fastmath import exp2_approx
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, pack_pair
+from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
+    DTYPES, LAYOUTS, MAX_SHARED_BYTES, STAGES, prefill_tc_config, shared_bytes, supports)
 
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
 LN2 = 0.6931471805599453
-DTYPES = ("float16", "bfloat16")
-LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
-MAX_SHARED_BYTES = 232448          # static + dynamic shared memory of one block (sm_90, opt-in)
-STAGES = 2                         # K/V tiles in the ring
-
-
-def supports(head_size, dtype, layout):
-    """Whether :func:`prefill_tc_kernel` handles this combination: fp16 or bf16,
-    a head size that is a power of two from 16 to 256 (rows of a power of two
-    16-byte chunks, so the swizzle is a bijection)."""
-    return (dtype in DTYPES and layout in LAYOUTS and 16 <= head_size <= 256
-            and head_size & (head_size - 1) == 0)
-
-
-def shared_bytes(head_size, num_warps, block_n, m_tiles=1):
-    """Dynamic shared memory of one block: the queries (``16 * m_tiles`` rows a
-    warp) and the K/V ring, 2 bytes an element.
-
-    >>> shared_bytes(128, 8, 64)           # 128 query rows + 2 stages of 64 keys and values
-    98304
-    """
-    return 2 * head_size * (16 * m_tiles * num_warps + STAGES * 2 * block_n)
-
-
-def prefill_tc_config(head_size, group_size, max_q_len=None):
-    """Default tiling ``(heads_per_block, block_q, block_n, num_warps)``.
-
-    ``heads_per_block`` is the largest power of two dividing the GQA group (at
-    most 8), as for the CUDA-core kernel; 8 warps (128 rows) for prompts, and
-    keys tiles of 128 (head size 64), 64 (128) or 32 (256), the fastest of
-    those timed on the H200 (``experiments/NOTES.md``, prefill v2); fewer
-    warps when the batch's longest query fills fewer rows (decode-like
-    batches), at least one (16 rows).
-
-    >>> prefill_tc_config(128, 4), prefill_tc_config(128, 4, max_q_len=1)
-    ((4, 32, 64, 8), (4, 4, 64, 1))
-    >>> prefill_tc_config(64, 8), prefill_tc_config(256, 1)
-    ((8, 16, 128, 8), (1, 128, 32, 8))
-    """
-    hpb = 1
-    while hpb * 2 <= min(group_size, 8) and group_size % (hpb * 2) == 0:
-        hpb *= 2
-    block_n = 32 if head_size > 128 else 64 if head_size > 64 else 128
-    num_warps = 8
-    if max_q_len is not None:
-        rows = int(max_q_len) * hpb
-        while num_warps > 1 and 16 * (num_warps // 2) >= rows:
-            num_warps //= 2
-    return hpb, 16 * num_warps // hpb, block_n, num_warps
 
 
 @functools.cache
 def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                       num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
-                      fma_softmax=False, token_copies=False, m_tiles=1):
+                      fma_softmax=False, token_copies=False, m_tiles=1, split_k=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -136,7 +89,16 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     instead of once a chunk. ``m_tiles=2`` gives each warp 32 rows (two m16
     tiles) instead of 16, as FlashAttention-2 does: each K and V fragment read
     from shared memory feeds two products instead of one, for twice the
-    accumulator registers; the arithmetic of each row is unchanged."""
+    accumulator registers; the arithmetic of each row is unchanged.
+
+    ``split_k=True`` compiles the split-K form (for decode-like batches of few
+    tiles, MQA and large GQA groups): grid ``(num_tiles, num_heads //
+    heads_per_block, num_parts)``; part ``z`` of a tile takes its share of the
+    tile's K/V tiles (``ceil(n / num_parts)`` each, in order) and writes its
+    state unnormalised by the other parts, ``out [total_q, num_parts,
+    num_heads, head_size]`` float32 (``O / l`` of its keys) and ``lse
+    [total_q, num_parts, num_heads]`` (``-inf`` for a part with no keys), for
+    :func:`kernels.merge.merge_kernel` to merge."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -160,6 +122,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     QCHUNKS = M * NCH
     QCPT = -(-QCHUNKS // NT)
     QREGS = (D <= 128) if q_in_regs is None else bool(q_in_regs)
+    SPLIT = bool(split_k)
     assert HPB & (HPB - 1) == 0 and M % HPB == 0 and BN % 16 == 0 and NW >= 1
     Q_OFF = 0
     KV_OFF = M * D                        # stage s: K at KV_OFF + 2 s BN D, V after it
@@ -333,15 +296,23 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         if rr // HPB < nq:
             row = row0 + q0 + rr // HPB
             head = h0 + rr % HPB
+            part = cuda.blockIdx.z
             for i in range(NTILE_O):
                 d = 8 * i + 2 * c
-                out[row, head, d] = from_f32(o[t, i, 2 * h] * inv)
-                out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
+                if SPLIT:
+                    out[row, part, head, d] = o[t, i, 2 * h] * inv
+                    out[row, part, head, d + 1] = o[t, i, 2 * h + 1] * inv
+                else:
+                    out[row, head, d] = from_f32(o[t, i, 2 * h] * inv)
+                    out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
             if c == 0:
                 x = NEG_INF
                 if lsum > 0.0:
                     x = (m[t, h] * sc + math.log2(lsum)) * float32(LN2)
-                lse[row, head] = x
+                if SPLIT:
+                    lse[row, part, head] = x
+                else:
+                    lse[row, head] = x
 
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))
@@ -374,6 +345,13 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         ntiles = int32(0)
         if kv_hi > kv_lo:
             ntiles = int32((kv_hi - kv_lo + BN - 1) // BN)
+        if SPLIT:                             # this part's K/V tiles: j0 .. j0 + ntiles - 1
+            per = int32((ntiles + cuda.gridDim.z - 1) // cuda.gridDim.z)
+            j0 = int32(min(cuda.blockIdx.z * per, ntiles))
+            ntiles = int32(min(per, ntiles - j0))
+            kv_first = int32(kv_lo + j0 * BN)
+        else:
+            kv_first = kv_lo
 
         sm = cuda.shared.array(0, SMEM_T, alignment=16)
         first_chunk = tid % TPT if token_copies else tid % NCH
@@ -391,10 +369,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                 src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
                 copy16_async(sm, slot(Q_OFF, row, ch), query, src)
         if ntiles > 0 and token_copies:
-            issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kv_lo, kv_lo, last,
-                           0, tid, kstr, vstr)
+            issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo,
+                           last, 0, tid, kstr, vstr)
         elif ntiles > 0:
-            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_lo, kv_lo, last,
+            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
                        0, tid, kstr, vstr, tid_slot)
         else:
             commit_group()
@@ -436,7 +414,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
 
         for j in range(ntiles):
             stage = int32(j % STAGES)
-            kt = int32(kv_lo + j * BN)
+            kt = int32(kv_first + j * BN)
             wait_all()
             cuda.syncthreads()  # tile j (and the queries) landed; everyone is done with tile j - 1
             if j + 1 < ntiles and token_copies:

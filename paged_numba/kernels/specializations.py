@@ -103,22 +103,24 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
 
     yield from prefill_specializations()
     # the tensor-core prefill kernel at its default tilings: each head size, both
-    # dtypes, every layout, GQA groups 1 and 8, block sizes 1 and 16, a decode-like
-    # (one-warp) tile, and query fragments from shared memory at head size 128
-    points = [(hs, 4, "float16", "nhd", 16, None) for hs in (64, 128, 256)]
-    points += [(128, 4, dt, lay, 16, None) for dt, lay in itertools.product(
+    # dtypes, every layout, GQA groups 1 and 8, block sizes 1 and 16, and decode-like
+    # tiles (one warp; 32 rows with the query fragments in shared memory)
+    points = [(hs, 4, "float16", "nhd", 16, None, {}) for hs in (64, 128, 256)]
+    points += [(128, 4, dt, lay, 16, None, {}) for dt, lay in itertools.product(
         ("float16", "bfloat16"), LAYOUTS) if (dt, lay) != ("float16", "nhd")]
-    points += [(128, 1, "float16", "nhd", 1, None), (64, 8, "bfloat16", "hnd", 16, None),
-               (128, 4, "float16", "nhd", 16, 1), (128, 4, "float16", "vllm", 16, "qsmem")]
-    for hs, group, dtype, layout, bs, extra in points:
-        hpb, _, bn, nw = prefill_tc_config(hs, group, extra if isinstance(extra, int) else None)
-        opts = dict(q_in_regs=False) if extra == "qsmem" else {}
+    points += [(128, 1, "float16", "nhd", 1, None, {}), (64, 8, "bfloat16", "hnd", 16, None, {}),
+               (128, 4, "float16", "nhd", 16, 1, {}),
+               (128, 4, "float16", "vllm", 16, 8, dict(q_in_regs=False))]
+    for hs, group, dtype, layout, bs, max_q, extra in points:
+        hpb, _, bn, nw, opts = prefill_tc_config(hs, group, max_q)
+        opts = dict(opts, **extra)
         yield (f"prefill_tc hs={hs} group={group} {dtype} {layout} bs={bs} hpb={hpb} bn={bn} "
                f"warps={nw} {opts}"), prefill_tc_kernel(hs, bs, hpb, bn, dtype, layout, nw,
                                                         **opts), prefill_signature(dtype, layout)
-    # its research options (PrefillPlan(kernel_options=...)): all of them at the
-    # default tile, in both dtypes and the strided-value layout; two m-tiles a warp
-    # with 32-key tiles; all 32 heads of an MQA group in one 2-warp decode tile
+    # its research options (PrefillPlan(kernel_options=...)): all of them at one
+    # m-tile a warp, 8 warps and 64-key tiles, in both dtypes and the strided-value
+    # layout; two m-tiles a warp with every option; all 32 heads of an MQA group in
+    # one 2-warp decode tile
     fast = dict(fast_exp2=True, fma_softmax=True, token_copies=True)
     for hs, hpb, bn, nw, dtype, layout, opts in [
             (128, 4, 64, 8, "float16", "nhd", fast), (128, 4, 64, 8, "bfloat16", "vllm", fast),

@@ -17,8 +17,9 @@ no GPU; ``exactness`` checks kernels against the float64 reference;
 a GPU; on the simulator one wall-clock call per point, which measures the
 simulator, not a kernel).
 
-Two modules, every name re-exported here: ``runner`` (the machinery) and
-``definitions`` (the registered sweeps). Running a sweep needs pandas (the
+Three modules, their public names re-exported here: ``runner`` (the
+machinery), ``figures`` (the plots) and ``definitions`` (the registered
+sweeps). Running a sweep needs pandas (the
 ``sweeps`` extra), its figure matplotlib (``plots``); listing them needs
 neither.
 
@@ -35,15 +36,17 @@ Examples
 [[1, 1, 'cpu'], [2, 4, 'cpu'], [3, 9, 'cpu']]
 """
 from .runner import (ENV_COLUMNS, SWEEPS, MissingExtra, Sweep, _git_rev, _progress_bar, _save,
-                     device_name, environment, line_figure, register, require, run_sweep)
+                     device_name, environment, plot_sweep, register, require, run_sweep)
+from .figures import line_figure
 from .definitions import (ALLOCATORS, L2_BYTES, MAX_ROTATIONS, PAGED_BLOCK_SIZES, _TINY,
                           _event_us, _max_running, _release_device_memory, _requests, _sdpa_us,
                           measure_decode_time, measure_exactness, measure_memory_waste,
                           measure_merge_rule, softmax_average)
+from . import serving  # noqa: E402,F401  (registers sharing, prefix-cache)
 
 __all__ = [
     "ALLOCATORS", "ENV_COLUMNS", "L2_BYTES", "MAX_ROTATIONS", "PAGED_BLOCK_SIZES", "SWEEPS",
     "MissingExtra", "Sweep", "device_name", "environment", "line_figure", "measure_decode_time",
-    "measure_exactness", "measure_memory_waste", "measure_merge_rule", "register", "require",
-    "run_sweep", "softmax_average",
+    "measure_exactness", "measure_memory_waste", "measure_merge_rule", "plot_sweep", "register",
+    "require", "run_sweep", "softmax_average",
 ]

@@ -15,7 +15,9 @@ import time
 import numpy as np
 
 from .. import serving_sim
-from .runner import Sweep, line_figure, register
+from .figures import (GROUP_NAMES, line_figure, memory_waste_figure, merge_rule_figure,
+                      paging_overhead_figure, timing_figure)
+from .runner import Sweep, register
 
 
 # -- memory-waste: serving_sim ----------------------------------------------------
@@ -80,10 +82,7 @@ register(Sweep(
     measure=measure_memory_waste,
     description="KV slots holding real tokens under contiguous vs paged allocation "
                 "(serving simulation, no GPU)",
-    figure=lambda df, path: line_figure(
-        df, path, "allocator", "useful_frac", ["budget_tokens"], agg="mean",
-        order=[a for a in ALLOCATORS if a in set(df["allocator"])],
-        title="token states / reserved KV slots"),
+    figure=memory_waste_figure,
     device=False))
 
 
@@ -193,9 +192,7 @@ register(Sweep(
     measure=measure_merge_rule,
     description="error of the (m, l) merge of k partial softmaxes vs one pass, and naive "
                 "overflow, in float64/32/16 NumPy (no GPU)",
-    figure=lambda df, path: line_figure(
-        df, path, "parts", "err_merged", ["dtype", "scale"], agg="max", logx=True, logy=True,
-        title="max abs error vs float64, merged partial softmaxes"),
+    figure=merge_rule_figure,
     device=False))
 
 
@@ -271,8 +268,15 @@ register(Sweep(
     description="error of paged_decode vs the float64 reference (and of float32 NumPy, for "
                 "comparison) across block sizes, tables, dtypes, layouts",
     figure=lambda df, path: line_figure(
-        df, path, "context", "err_kernel", ["dtype", "table"], agg="max", logx=True, logy=True,
-        title="paged_decode: max abs error vs float64 reference"),
+        df, path, "context",
+        {"err_kernel": "paged_decode",
+         "err_numpy_fp32": "float32 NumPy, contiguous (not rounded to the dtype)"},
+        ["table"], facet="dtype", agg="max", logx=True, logy=True,
+        facet_label=lambda d, rows: (f"{d} K/V: kernel error at most "
+                                     f"{rows['err_over_bound'].max():.2g} of its bound"),
+        title="Exactness: paged_decode against the float64 reference (max over block sizes, "
+              "split-K on/off)",
+        ylabel="max abs error vs float64 reference"),
     device=True))
 
 
@@ -433,9 +437,10 @@ register(Sweep(
     measure=functools.partial(measure_decode_time, sdpa=True),
     description="decode time over batch, context, GQA group (32 = MQA) and head size; "
                 "ratio to torch SDPA when torch is on a GPU (full grid needs a GPU)",
-    figure=lambda df, path: line_figure(
-        df, path, "context", "us", ["batch"], where=dict(group=4, head_size=128),
-        logx=True, logy=True, title="DecodePlan.run time"),
+    figure=lambda df, path: timing_figure(
+        df, path, "context", ["batch"], facet="group", sdpa=True, logx=True, logy=True,
+        facet_label=lambda g, rows: GROUP_NAMES.get(g, f"GQA group {g}"),
+        title="Decode time: paged_numba"),
     device=True))
 
 register(Sweep(
@@ -447,9 +452,7 @@ register(Sweep(
     measure=measure_decode_time,
     description="decode time with random vs identity (contiguous) block tables, over block "
                 "size and context (full grid needs a GPU)",
-    figure=lambda df, path: line_figure(
-        df, path, "context", "us", ["block_size", "table"], logx=True, logy=True,
-        title="DecodePlan.run time by block table"),
+    figure=paging_overhead_figure,
     device=True))
 
 register(Sweep(
@@ -461,7 +464,8 @@ register(Sweep(
     measure=measure_decode_time,
     description="decode time over split-K partitions for a few (batch, context) "
                 "(full grid needs a GPU)",
-    figure=lambda df, path: line_figure(
-        df, path, "num_partitions", "us", ["batch", "context"], logx=True, logy=True,
-        title="DecodePlan.run time by split-K partitions"),
+    figure=lambda df, path: timing_figure(
+        df, path, "num_partitions", ["batch"], facet="context", logx=True, logy=True,
+        facet_label=lambda c, rows: f"context {c} tokens",
+        title="Split-K: DecodePlan.run time over partitions"),
     device=True))

@@ -1,6 +1,7 @@
 """The sweep machinery: :class:`Sweep`, the registry :data:`SWEEPS`,
 :func:`run_sweep` (points, resume, environment columns, CSV) and
-:func:`line_figure`.
+:func:`plot_sweep` (a figure from the CSV alone; the figures themselves are
+in :mod:`paged_numba.sweeps.figures`).
 
 pandas (the ``sweeps`` extra) is imported only where a DataFrame is made or
 read, tqdm only for the progress bar and matplotlib only for figures, so
@@ -300,83 +301,45 @@ def run_sweep(sweep, quick=False, out_dir="results", progress=True):
     return df
 
 
-# -- figures --------------------------------------------------------------------
-
-def line_figure(df, path, x, y, series=(), where=None, agg="median", order=None,
-                logx=False, logy=False, title=""):
-    """Save one line plot: ``y`` against ``x``, one line per value of the
-    ``series`` columns, ``agg`` over rows that share them.
-
-    ``where`` (``{column: value}``) keeps matching rows when any match;
-    ``order`` lists the x values of a categorical axis in plotting order.
+def plot_sweep(sweep, quick=False, out_dir="results"):
+    """Draw ``sweep``'s figure from its CSV without measuring anything (e.g. a
+    GPU sweep's committed CSV on a machine without a GPU); return the PNG's path.
 
     Parameters
     ----------
-    df : pandas.DataFrame
-        A sweep's rows.
-    path : str
-        The PNG to write (nothing is written if ``y`` has no values).
-    x, y : str
-        Columns of the axes.
-    series : sequence of str
-        Columns whose value combinations get one line each.
-    where : dict, optional
-    agg : str
-        pandas aggregation over rows sharing ``x`` and the series values.
-    order : list, optional
-    logx, logy : bool
-        Log axes (x in base 2).
-    title : str
+    sweep : Sweep or str
+    quick : bool
+        Read ``<name>_quick.csv`` and write ``<name>_quick.png``.
+    out_dir : str
+        The directory of the CSV, and of the figure.
+
+    Returns
+    -------
+    str
 
     Examples
     --------
     >>> import os, shutil, tempfile
-    >>> import pandas as pd
-    >>> df = pd.DataFrame({"n": [1, 2, 4, 1, 2, 4], "t": [1.0, 2.0, 4.0, 3.0, 2.0, 1.0],
-    ...                    "kind": ["a", "a", "a", "b", "b", "b"]})
-    >>> path = os.path.join(tempfile.mkdtemp(), "t.png")
-    >>> try:
-    ...     import matplotlib
-    ... except ImportError:            # without the "plots" extra there is nothing to draw
-    ...     matplotlib = None
-    >>> if matplotlib is not None:     # two lines, kind=a and kind=b, on a log2 x axis
-    ...     line_figure(df, path, "n", "t", series=["kind"], logx=True, title="t by n")
-    >>> os.path.exists(path) == (matplotlib is not None)
-    True
-    >>> shutil.rmtree(os.path.dirname(path))
+    >>> s = Sweep("lines", grid={"x": [1, 2]}, quick_grid={"x": [1]},
+    ...           measure=lambda p: {"y": 3 * p["x"]}, device=False,
+    ...           figure=lambda df, path: open(path, "w").write(str(df["y"].tolist())))
+    >>> out = tempfile.mkdtemp()
+    >>> _ = run_sweep(s, out_dir=out, progress=False)
+    >>> os.remove(os.path.join(out, "lines.png"))
+    >>> path = plot_sweep(s, out_dir=out)                 # from lines.csv alone
+    >>> os.path.basename(path), open(path).read()
+    ('lines.png', '[3, 6]')
+    >>> shutil.rmtree(out)
     """
-    from matplotlib.figure import Figure
     pd = require("pandas", "sweeps")
-
-    if where:
-        mask = np.logical_and.reduce([df[c] == v for c, v in where.items()])
-        if mask.any():
-            df = df[mask]
-            title += " (" + ", ".join(f"{c}={v}" for c, v in where.items()) + ")"
-    if y not in df or df[y].isna().all():
-        return                                  # nothing measured (e.g. every point skipped)
-    df = df[df[y].notna()]
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
-    groups = df.groupby(list(series)) if series else [((), df)]
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        line = g.groupby(x)[y].agg(agg)
-        xs = line.index if order is None else [order.index(v) for v in line.index]
-        line = pd.Series(line.values, index=xs).sort_index()
-        label = ", ".join(f"{c}={v}" for c, v in zip(series, key)) or None
-        ax.plot(line.index, line.values, marker="o", label=label)
-    if order is not None:
-        ax.set_xticks(range(len(order)), order, rotation=45, ha="right")
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if isinstance(sweep, str):
+        sweep = SWEEPS[sweep]
+    stem = sweep.name + ("_quick" if quick else "")
+    csv = os.path.join(out_dir, stem + ".csv")
+    if sweep.figure is None:
+        raise ValueError(f"sweep {sweep.name!r} has no figure")
+    if not os.path.exists(csv):
+        raise FileNotFoundError(f"{csv} does not exist: run the sweep first")
+    path = os.path.join(out_dir, stem + ".png")
+    sweep.figure(pd.read_csv(csv), path)
+    return path

@@ -25,16 +25,17 @@ Examples
 >>> test_shapes()
 """
 from .bounds import (P_ROUNDING, PV_WEIGHT_ERROR, TENSOR_CORE_U, U32, attention_error_bound,
-                     decode_bounds, gamma, prefill_bounds, prefill_error_bound)
-from .checks import (BFLOAT16, check_attention, check_close, decode_reference, prefill_reference,
-                     ulp)
+                     decode_bounds, gamma, merge_error_bound, prefill_bounds, prefill_error_bound)
+from .checks import (BFLOAT16, cascade_reference, check_attention, check_close, decode_reference,
+                     prefill_reference, ulp)
 from .strategies import (ALL_DTYPES, GQA_GROUPS, DecodeProblem, PrefillProblem, _PagedProblem,
                          block_tables, config_id, decode_problems, lengths, prefill_problems,
                          variants)
 
 __all__ = [
     "ALL_DTYPES", "BFLOAT16", "GQA_GROUPS", "P_ROUNDING", "PV_WEIGHT_ERROR", "TENSOR_CORE_U", "U32",
-    "DecodeProblem", "PrefillProblem", "attention_error_bound", "block_tables", "check_attention",
+    "DecodeProblem", "PrefillProblem", "attention_error_bound", "block_tables", "cascade_reference",
+    "check_attention", "merge_error_bound",
     "check_close", "config_id", "decode_bounds", "decode_problems", "decode_reference", "gamma",
     "lengths", "prefill_bounds", "prefill_error_bound", "prefill_problems", "prefill_reference",
     "ulp", "variants", "_PagedProblem",

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .._group_decode import tile_heads
 from ..kernels import decode_tc
 from ..kernels.decode import heads_per_block
 from ..reference import gather_kv, logits
@@ -173,6 +174,10 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     P @ V on tensor cores (``pv_mma``, as in ``paged_decode``: None means
     True), P @ V as in :data:`PV_WEIGHT_ERROR`, with at most
     ``min(n, ceil(n / 8) + 2 num_partitions)`` 8-token steps for ``n`` tokens.
+    Where it runs MQA or a large group on the tensor-core prefill tile
+    (``_group_decode.tile_heads``), each row is bounded as that kernel's query
+    at position ``n - 1`` (:func:`prefill_error_bound` with ``tensor_cores``;
+    its merges, one per key, cover the split-K parts).
 
     Parameters
     ----------
@@ -209,13 +214,21 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
         num_partitions = problem.max_blocks * problem.block_size
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
-    hpb = heads_per_block(problem.num_heads // problem.num_kv_heads)
+    group = problem.num_heads // problem.num_kv_heads
+    hpb = heads_per_block(group)
     tc = decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout)
+    # MQA and groups of 32 or more run on the tensor-core prefill tile: its bound
+    tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout)
     dot_u = TENSOR_CORE_U if tc else U32
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
+        if tile is not None:
+            b, b_lse = prefill_error_bound(q[i][None], kk, vv, scale, [int(n) - 1],
+                                           tensor_cores=problem.dtype, **variants)
+            bound[i], bound_lse[i] = b[0], b_lse[0]
+            continue
         pv = None
         if tc and (pv_mma is None or pv_mma):
             steps = min(int(n), -(-int(n) // 8) + 2 * num_partitions)
@@ -376,3 +389,65 @@ def prefill_bounds(problem, q, k, v, scale=None, causal=True, tensor_cores=None,
     return bound, bound_lse
 
 
+
+
+def merge_error_bound(v_states, s_states, bound_v, bound_s, transcendental_ulps=8):
+    """Rounding-error bounds for :func:`paged_numba.merge_states` of states that
+    carry errors of their own.
+
+    The exact states are ``v_states`` (each normalised by its own exp-sum) and
+    their log-sum-exps ``s_states``; the merge gets them off by at most
+    ``bound_v`` and ``bound_s`` (``-inf`` states are empty and weigh nothing).
+    With ``w_k = exp(s_k - L)`` the exact merge weights, ``L`` the exact merged
+    log-sum-exp and ``D = max_k bound_s_k`` over the non-empty states:
+
+    * each computed weight is ``w_k exp(d_k - d_L)`` with ``|d_k - d_L| <= 2 D``,
+      so it is within ``w_k (e^(2D) - 1)`` of ``w_k``;
+    * the fp32 merge of ``S`` states (one exp each, a sum, a division) adds
+      ``gamma(2 S + transcendental_ulps)`` of ``sum_k w_k |v_k|``;
+    * ``|d out| <= e^(2D) sum_k w_k bound_v_k
+      + (e^(2D) - 1 + gamma(2 S + transcendental_ulps)) sum_k w_k (|v_k| + bound_v_k)``,
+      ``|d lse| <= D + gamma(2 S + transcendental_ulps) + u |L|``.
+
+    Returns ``(bound_out [num_rows, num_heads, head_size], bound_lse [num_rows,
+    num_heads])``; the final rounding of the output is added by
+    :func:`~paged_numba.testing.check_close`.
+
+    Parameters
+    ----------
+    v_states : array, ``[num_rows, num_states, num_heads, head_size]``
+    s_states : array, ``[num_rows, num_states, num_heads]``
+        Natural-log log-sum-exps; ``-inf`` for an empty state.
+    bound_v : array, ``v_states``' shape
+        Error of each state as the merge reads it (its own rounding included).
+    bound_s : array, ``s_states``' shape
+    transcendental_ulps : int
+
+    Examples
+    --------
+    >>> v = np.array([[[[1.0]], [[3.0]]]])                     # two states, [1, 2, 1, 1]
+    >>> s = np.array([[[0.0], [0.0]]])                         # equal weights: out 2, lse log 2
+    >>> exact = merge_error_bound(v, s, np.zeros(v.shape), np.zeros(s.shape))
+    >>> bool(exact[0][0, 0, 0] == 2.0 * gamma(12))             # only the merge's own rounding
+    True
+    >>> loose = merge_error_bound(v, s, np.full(v.shape, 1e-3), np.full(s.shape, 1e-3))
+    >>> round(float(loose[0][0, 0, 0]), 6)                     # 1e-3 e^2e-3 + (e^2e-3 - 1) 2.001
+    0.005009
+    """
+    v_states, s_states = np.asarray(v_states, np.float64), np.asarray(s_states, np.float64)
+    bound_v, bound_s = np.asarray(bound_v, np.float64), np.asarray(bound_s, np.float64)
+    finite = np.isfinite(s_states)
+    m = np.where(finite, s_states, -np.inf).max(axis=1, keepdims=True)       # [rows, 1, H]
+    empty = ~np.isfinite(m)
+    w = np.where(finite, np.exp(s_states - np.where(empty, 0, m)), 0.0)
+    total = w.sum(axis=1, keepdims=True)
+    lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1, total)))[:, 0]
+    w = w / np.where(empty, 1, total)                                        # [rows, S, H]
+    d = np.where(finite, bound_s, 0).max(axis=1)                             # [rows, H]
+    grow = np.exp(2 * d)[..., None]
+    g = gamma(2 * s_states.shape[1] + transcendental_ulps)
+    carried = np.einsum("rsh,rshd->rhd", w, bound_v)
+    spread = np.einsum("rsh,rshd->rhd", w, np.abs(v_states) + bound_v)
+    bound = grow * carried + (grow - 1 + g) * spread
+    bound_lse = np.where(empty[:, 0], 0, d + g + U32 * np.where(empty[:, 0], 0, np.abs(lse)))
+    return bound, bound_lse

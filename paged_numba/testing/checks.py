@@ -7,8 +7,9 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ..reference import paged_decode_reference, paged_prefill_reference
-from .bounds import decode_bounds, prefill_bounds
+from ..kernels import prefill_tc
+from ..reference import attention, gather_kv, paged_decode_reference, paged_prefill_reference
+from .bounds import decode_bounds, merge_error_bound, prefill_bounds, prefill_error_bound
 from .strategies import DecodeProblem, PrefillProblem  # noqa: F401  (what the references take)
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -195,3 +196,83 @@ def prefill_reference(problem, q, k, v, scale=None, causal=True, tensor_cores=No
     out, lse = paged_prefill_reference(q, k, v, problem.block_tables, problem.cu_seqlens_q,
                                        problem.seq_lens, scale, "nhd", causal=causal, **variants)
     return out, lse, *prefill_bounds(problem, q, k, v, scale, causal, tensor_cores, **variants)
+
+
+
+def cascade_reference(suffix, q, k, v, shared_block_table, shared_len, scale=None,
+                      logits_soft_cap=None):
+    """float64 ``(out, lse)`` of :func:`paged_numba.cascade_decode` over whole
+    contexts (the shared prefix, then each suffix) and the bounds ``(bound,
+    bound_lse)`` of its two passes and their merge (``k``, ``v`` are ``"nhd"``
+    pools).
+
+    The model composes the project's bounds: the prefix pass is bounded by
+    :func:`prefill_error_bound` (non-causal, tensor cores where
+    ``paged_prefill`` uses them), the suffix pass by :func:`decode_bounds`;
+    each pass's output is rounded to the cache's dtype before the merge (one
+    ulp at ``|out| + bound`` is added), and :func:`merge_error_bound` carries
+    both errors through the merge. With ``shared_len == 0`` only the decode
+    bounds remain.
+
+    Parameters
+    ----------
+    suffix : DecodeProblem
+        Shapes, dtype, layout, and the suffixes' ``block_tables`` and ``seq_lens``.
+    q : array, ``[num_seqs, num_heads, head_size]``
+    k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each
+    shared_block_table : array of int, ``[max_shared_blocks]``
+    shared_len : int
+    scale : float, optional
+    logits_soft_cap : float, optional
+
+    Returns
+    -------
+    out, bound : numpy.ndarray, ``[num_seqs, num_heads, head_size]`` each
+    lse, bound_lse : numpy.ndarray, ``[num_seqs, num_heads]`` each
+
+    Examples
+    --------
+    >>> p = DecodeProblem(num_seqs=2, num_heads=2, num_kv_heads=1, head_size=8, block_size=4,
+    ...                   num_blocks=4, layout="nhd", dtype="float16",
+    ...                   seq_lens=np.array([3, 0], np.int32),          # seq 1: no suffix
+    ...                   block_tables=np.array([[2], [-1]], np.int32), seed=0)
+    >>> q, k, v = p.arrays()
+    >>> out, lse, bound, bound_lse = cascade_reference(p, q, k, v, [0, 3], shared_len=6)
+    >>> out.shape, bound.shape, lse.shape
+    ((2, 2, 8), (2, 2, 8), (2, 2))
+    >>> # seq 1 sees the 6 prefix tokens alone (slots 0..3 and 12..13)
+    >>> kk = np.concatenate([k[0], k[3, :2]]); vv = np.concatenate([v[0], v[3, :2]])
+    >>> bool(np.allclose(out[1], attention(q[1:], kk, vv, 8 ** -0.5)[0][0]))
+    True
+    >>> check_close(out.astype(np.float16), out, bound) <= 1
+    True
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(suffix.head_size)
+    variants = {} if logits_soft_cap is None else dict(logits_soft_cap=logits_soft_cap)
+    shared_len = int(shared_len)
+    ks, vs = gather_kv(k, v, np.asarray(shared_block_table), shared_len)
+    out = np.zeros(q.shape)
+    lse = np.full(q.shape[:2], -np.inf)
+    for i, n in enumerate(suffix.seq_lens):
+        kt, vt = gather_kv(k, v, suffix.block_tables[i], n)
+        o, s = attention(q[i:i + 1], np.concatenate([ks, kt]), np.concatenate([vs, vt]), scale,
+                         **variants)
+        out[i], lse[i] = o[0], s[0]
+    bound_s, bound_lse_s = decode_bounds(suffix, q, k, v, scale, **variants)
+    if shared_len == 0:
+        return out, lse, bound_s, bound_lse_s
+    # -- the two states as the merge reads them, each rounded to the cache's dtype
+    out_p, lse_p = attention(q, ks, vs, scale, **variants)
+    tc = suffix.dtype if prefill_tc.supports(suffix.head_size, suffix.dtype, suffix.layout) \
+        else None
+    bound_p, bound_lse_p = prefill_error_bound(q, ks, vs, scale, np.full(len(q), shared_len - 1),
+                                               causal=False, tensor_cores=tc, **variants)
+    out_s, lse_s = paged_decode_reference(q, k, v, suffix.block_tables, suffix.seq_lens, scale,
+                                          "nhd", **variants)
+    states = np.stack([out_p, out_s], axis=1)
+    read = np.stack([bound_p, bound_s], axis=1)
+    read = read + ulp(np.abs(states) + read, suffix.dtype)
+    bound, bound_lse = merge_error_bound(states, np.stack([lse_p, lse_s], axis=1), read,
+                                         np.stack([bound_lse_p, bound_lse_s], axis=1))
+    return out, lse, bound, bound_lse
