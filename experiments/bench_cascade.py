@@ -118,7 +118,10 @@ def flashinfer_call(fi, c, cache, q, shared, tables):
 
     n, bs = c["num_seqs"], c["block_size"]
     dev = dict(dtype=torch.int32, device="cuda")
-    last = lambda length: length - (-(-length // bs) - 1) * bs   # noqa: E731 (tokens in the last page)
+
+    def last(length):           # tokens in the last page
+        return length - (-(-length // bs) - 1) * bs
+
     w = fi.MultiLevelCascadeAttentionWrapper(2, flashinfer_workspace(), "NHD")
     w.plan([torch.tensor([0, n], **dev), torch.arange(n + 1, **dev)],
            [torch.tensor([0, shared.size], **dev),
@@ -177,14 +180,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL")
     ap.add_argument("--out", default=None,
-                    help="CSV (default results/cascade_h200.csv; --quick: results/cascade_quick.csv)")
+                    help="CSV (default results/cascade_h200.csv; --quick: "
+                         "results/cascade_quick.csv)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="tiny case, for the simulator")
     ap.add_argument("--parts", nargs="*", type=int, default=[], metavar="P",
                     help="also time the cascade with its prefix in P parts (tensor cores)")
     args = ap.parse_args()
     c = QUICK if args.quick else CASE
-    out_path = args.out or ("results/cascade_quick.csv" if args.quick else "results/cascade_h200.csv")
+    out_path = args.out or f"results/cascade_{'quick' if args.quick else 'h200'}.csv"
     sim = pn.simulator_enabled()
     if sim and not args.quick:
         sys.exit("no GPU: Numba's CUDA simulator would take hours on this case; add --quick")

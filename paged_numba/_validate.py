@@ -92,7 +92,8 @@ def check_int_array(name, x):
 
 
 def int32_device(name, x, validate):
-    """``(device int32 array, host copy)`` of a kernel's integer array argument.
+    """``(device int32 array, host copy)`` of a kernel's integer array argument
+    ``x`` (any shape: a table ``[num_seqs, max_blocks]``, lengths ``[num_seqs]``).
 
     A NumPy array is checked against the int32 range before it is narrowed
     (always: it is on the host anyway) and copied to the device; a CUDA

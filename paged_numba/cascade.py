@@ -314,7 +314,8 @@ class CascadeDecodePlan:
         return (f"CascadeDecodePlan(num_seqs={self.num_seqs}, num_heads={self.num_heads}, "
                 f"head_size={self.cache.head_size}, shared_len={self.shared_len}, "
                 f"prefix_chunks={self.prefix_chunks}, prefix_tiles={self.prefix_tiles}, "
-                f"prefix_parts={self.prefix_parts}, suffix_partitions={self._suffix.num_partitions})")
+                f"prefix_parts={self.prefix_parts}, "
+                f"suffix_partitions={self._suffix.num_partitions})")
 
 
 def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, seq_lens,

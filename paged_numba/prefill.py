@@ -430,8 +430,8 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
         read on the host (the tile list is built from them); use
         :class:`PrefillPlan` to plan once and launch without host copies.
     **tiling
-        ``heads_per_block``, ``block_q``, ``block_n``, ``num_warps`` as in
-        :class:`PrefillPlan`.
+        ``heads_per_block``, ``block_q``, ``block_n``, ``num_warps``,
+        ``kernel_options``, ``num_parts`` as in :class:`PrefillPlan`.
 
     Returns
     -------

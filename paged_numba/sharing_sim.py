@@ -205,7 +205,8 @@ def simulate(mode, width, requests, num_blocks, block_size=16, share=True, seed=
         Fork with shared blocks and copy-on-write (True), or give every
         sequence its own copy (False).
     seed : int
-        Seeds the samples' output lengths and the beam search's language model.
+        Random state of the samples' output lengths and the beam search's
+        language model.
     lm_alpha : float
         Concentration of the beam search's next-token distributions.
     max_len : int

@@ -189,5 +189,5 @@ def test_bad_query_and_scale(no_launch):
     with pytest.raises(ValueError, match=r"prefix_parts \(split-K of the prefix pass\) needs the "
                                          r"tensor-core prefill kernel, but this cache \(float32, "
                                          r"head_size 8\) runs on CUDA cores; got prefix_parts=2\."):
-        pn.cascade_decode(np.zeros((2, 2, 8), np.float32), pn.PagedKVCache(**CACHE, dtype="float32"),
-                          *args, prefix_parts=2)
+        pn.cascade_decode(np.zeros((2, 2, 8), np.float32),
+                          pn.PagedKVCache(**CACHE, dtype="float32"), *args, prefix_parts=2)

@@ -1,5 +1,6 @@
 """NaN and Inf in the data: every CUDA-core kernel and the split-K merge give
-what the float64 reference gives.
+what the float64 reference gives; the tensor-core kernels too for non-finite
+queries and keys (see the note above their tests).
 
 The rule is in ``paged_numba.reference``'s docstring: a NaN in a row's query
 or in a key it attends makes the row (output and log-sum-exp) NaN, ``+inf``
@@ -159,3 +160,57 @@ def test_merge_states_propagates_non_finite_states_as_the_float64_merge():
         finite = np.isfinite(want)     # the rest is what the same rows gave without them
         assert np.array_equal(got[finite], clean[finite])
     assert np.isnan(out[[1, 2, 6]]).all() and np.isnan(lse[[1, 2, 6]]).all()
+
+
+# The tensor-core kernels (fp16, head size 32) follow the rule for the query and
+# the keys. Their P V products are mma over whole 8- or 16-key steps, so a
+# non-finite *value* of a key that a row does not attend but that shares its
+# step reaches that row (0 * NaN); their values stay finite here.
+TC_DECODE = DecodeProblem(num_seqs=4, num_heads=2, num_kv_heads=1, head_size=32, block_size=8,
+                          num_blocks=24, layout="nhd", dtype="float16",
+                          seq_lens=np.full(4, 44, I32), block_tables=np.random.default_rng(5).permutation(24).astype(I32)
+                          .reshape(4, 6),
+                          seed=7)
+TC_PREFILL = PrefillProblem(num_seqs=3, num_heads=2, num_kv_heads=1, head_size=32, block_size=8,
+                            num_blocks=9, layout="nhd", dtype="float16",
+                            q_lens=np.full(3, 4, I32), seq_lens=np.full(3, 20, I32),
+                            block_tables=np.random.default_rng(6).permutation(9).astype(I32)
+                            .reshape(3, 3), seed=8)
+
+
+def _query_key_data(p, q, k, rows):
+    """NaN in a query, +inf in another, NaN in a key of sequence 2's token 3;
+    ``rows``: the query rows of sequences 0 and 1."""
+    q, k = q.copy(), k.copy()
+    q[rows[0], 0, 3] = np.nan
+    q[rows[1], 1, 5] = np.inf
+    k[_slot(p, 2, 3) + (0, 2)] = np.nan
+    return q, k
+
+
+@pytest.mark.parametrize("num_partitions", [1, 2], ids=["unsplit", "split"])
+def test_tensor_core_decode_non_finite_queries_and_keys(num_partitions):
+    p = TC_DECODE
+    q, k, v = p.arrays()
+    _, _, bound, bound_lse = decode_reference(p, q, k, v, num_partitions=num_partitions)
+    q, k = _query_key_data(p, q, k, (0, 1))
+    ref, ref_lse = paged_decode_reference(q, k, v, p.block_tables, p.seq_lens)
+    assert np.isnan(ref_lse[[0, 1, 2]]).any(axis=1).all()
+    out, lse = pn.paged_decode(q, pn.PagedKVCache.from_host(k, v, "nhd"), p.block_tables,
+                               p.seq_lens, return_lse=True, num_partitions=num_partitions)
+    check_non_finite(out, ref, bound, "output")
+    check_non_finite(lse, ref_lse, bound_lse, "lse")
+
+
+def test_tensor_core_prefill_non_finite_queries_and_keys():
+    p = TC_PREFILL
+    q, k, v = p.arrays()
+    tiling = dict(tensor_cores=True, block_n=16, num_warps=1)
+    _, _, bound, bound_lse = prefill_reference(p, q, k, v, tensor_cores="float16")
+    q, k = _query_key_data(p, q, k, (1, 4 + 2))
+    ref, ref_lse = paged_prefill_reference(q, k, v, p.block_tables, p.cu_seqlens_q, p.seq_lens)
+    assert np.isnan(ref_lse[8:]).all()          # every query of sequence 2 attends key 3
+    out, lse = pn.paged_prefill(q, pn.PagedKVCache.from_host(k, v, "nhd"), p.block_tables,
+                                p.cu_seqlens_q, p.seq_lens, return_lse=True, **tiling)
+    check_non_finite(out, ref, bound, "output")
+    check_non_finite(lse, ref_lse, bound_lse, "lse")

@@ -291,7 +291,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         rr = 16 * (MT * warp + t) + r + 8 * h
         lsum = quad_sum(l_[t, h])
         inv = float32(0.0)
-        if lsum > 0.0:
+        if lsum != 0.0:
             inv = float32(1.0) / lsum
         if rr // HPB < nq:
             row = row0 + q0 + rr // HPB
@@ -307,7 +307,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                     out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
             if c == 0:
                 x = NEG_INF
-                if lsum > 0.0:
+                if lsum != 0.0:
                     x = (m[t, h] * sc + math.log2(lsum)) * float32(LN2)
                 if SPLIT:
                     lse[row, part, head] = x

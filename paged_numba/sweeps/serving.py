@@ -77,8 +77,8 @@ def measure_sharing(p):
 def sharing_figure(df, path):
     """Memory saved by sharing (left) and the concurrent batch it buys (right)
     over the number of samples or beams, one line per trace and mode (mean
-    over seeds, bars from the lowest to the highest seed, and for Alpaca beam
-    search the language models of :data:`LM_ALPHA_RANGE`); the paper's Alpaca
+    over the random draws, bars from the lowest to the highest, and for Alpaca
+    beam search the language models of :data:`LM_ALPHA_RANGE`); the paper's Alpaca
     ranges as shaded bands."""
     from matplotlib.figure import Figure
 
@@ -112,8 +112,8 @@ def sharing_figure(df, path):
         ax.set_xticks(sorted(df["width"].unique()))
         ax.grid(alpha=0.3)
     left.set_ylabel("KV memory saved by sharing\n(% of blocks without sharing)")
-    left.set_ylim(bottom=0)
-    left.set_title("memory saved (bars: seeds, and for Alpaca beam search\n"
+    left.set_ylim(0, max(100.0, left.get_ylim()[1]) * 1.05)      # room for the legend
+    left.set_title("memory saved (bars: random draws, and for Alpaca beam search\n"
                    f"next-token Dirichlet alpha {LM_ALPHA_RANGE[0]}-{LM_ALPHA_RANGE[1]})",
                    fontsize=9)
     right.set_ylabel("concurrent requests, sharing / private copies (x)")
@@ -122,10 +122,11 @@ def sharing_figure(df, path):
     left.legend(fontsize=7, loc="upper left")
     right.legend(fontsize=7, loc="upper left")
     n = df["num_requests"].iloc[0]
-    pools = ", ".join(f"{d} {SHARING_BLOCKS.get(d, '?')} blocks" for d in sorted(df["dataset"].unique()))
+    pools = ", ".join(f"{d} {SHARING_BLOCKS.get(d, '?')} blocks"
+                      for d in sorted(df["dataset"].unique()))
     _title(fig, f"Sharing KV blocks within a request (BlockManager.fork + copy-on-write) against "
                 f"private copies: serving simulation, {n} requests, block size {BLOCK_SIZE} "
-                f"({pools}), mean of {df['seed'].nunique()} seed(s)", df, 120)
+                f"({pools}), mean of {df['seed'].nunique()} random draw(s)", df, 120)
     fig.savefig(path, dpi=120)
 
 
@@ -205,7 +206,7 @@ def measure_prefix_cache(p):
 def prefix_cache_figure(df, path):
     """Per trace (x), one bar per KV pool: the prefix cache's hit rate and the
     prefill tokens it saves (caching on), and the concurrent requests with
-    caching off and on (means over seeds)."""
+    caching off and on (means over the random draws)."""
     from matplotlib.figure import Figure
 
     traces = [t for t in TRACES if t in set(df["trace"])] + \
@@ -249,7 +250,7 @@ def prefix_cache_figure(df, path):
     fig.legend(handles, names, loc="outside lower center", ncols=len(pools), fontsize=8)
     n = df["num_requests"].iloc[0]
     _title(fig, f"Prefix caching on vs off (BlockManager, LRU eviction): {n} requests, block "
-                f"size {BLOCK_SIZE}, mean of {df['seed'].nunique()} seed(s)\n"
+                f"size {BLOCK_SIZE}, mean of {df['seed'].nunique()} random draw(s)\n"
                 f"system-L: one of {caching_sim.NUM_SYSTEM_PROMPTS} system prompts of L tokens, "
                 f"then the user's message; chat-U: multi-turn conversations, U under way at "
                 f"once", df, 160)
