@@ -42,12 +42,14 @@ SLOW = {
         "test_tensor_core_block_prefetch_crosses_windows", "test_merge_states_of_many_parts",
         "test_merge_states_equals_single_pass",
         "test_plan_run_matches_paged_decode_and_repacks_new_buffers",
+        "test_large_group_decode_on_the_prefill_tile",
     },
     "test_cascade.py": {"test_cascade_matches_reference"},
     "test_prefill.py": {
         "test_prefill_matches_reference", "test_layouts_and_page_table_forms_agree",
         "test_prefill_explicit_cases[tc-long]", "test_prefill_explicit_cases[tc-long-two-warps]",
         "test_tc_prefill_window_and_variants", "test_tc_prefill_kernel_options",
+        "test_tc_prefill_split_k[two-parts]", "test_tc_prefill_split_k[more-parts-than-tiles]",
     },
 }
 
