@@ -32,12 +32,14 @@ Traceback (most recent call last):
 ValueError: seq_lens[1] is 4294967299, outside [-2147483648, 2147483647] (int32).
 """
 import math
+import reprlib
 from collections.abc import Hashable
 
 import numpy as np
 
 INT32_MIN = -2**31
 INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 LOG2E = 1.4426950408889634
 # the kernels multiply scale, soft cap and ALiBi slopes by log2(e) in float32
@@ -195,6 +197,40 @@ def hashable(name, value):
     return value
 
 
+def int_sequence(name, x):
+    """A Python list or tuple of integers (nested lists for a table: rows of one
+    length) as a NumPy int64 array, after checking that every entry is an
+    integer (not a bool, float, string or None) within int64; a bare ``[]``
+    counts. Raises ``ValueError`` naming ``name`` and the first bad entry.
+
+    >>> int_sequence("seq_lens", (5, np.int32(3)))
+    array([5, 3])
+    >>> int_sequence("block_tables", [[0, 1], [2]])
+    Traceback (most recent call last):
+        ...
+    ValueError: block_tables must be a list of integers or of rows of one length, but got a ragged list: [[0, 1], [2]].
+    >>> int_sequence("seq_lens", [5, True])
+    Traceback (most recent call last):
+        ...
+    ValueError: seq_lens[1] must be an integer, but got True (bool).
+    """
+    try:
+        a = np.array(x, dtype=object)
+    except ValueError:               # rows whose own rows differ in length
+        a = None
+    if a is None or any(isinstance(v, (list, tuple, np.ndarray)) for v in a.reshape(-1)):
+        raise ValueError(f"{name} must be a list of integers or of rows of one length, but got "
+                         f"a ragged list: {reprlib.repr(x)}.")
+    for index, v in np.ndenumerate(a):
+        if not _is_int(v):
+            raise ValueError(f"{name}[{', '.join(map(str, index))}] must be an integer, but got "
+                             f"{v!r} ({type(v).__name__}).")
+        if not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(f"{name}[{', '.join(map(str, index))}] is {int(v)}, outside "
+                             f"[{INT64_MIN}, {INT64_MAX}] (int64).")
+    return a.astype(np.int64)
+
+
 def int_array(name, x, ndim=None, lo=INT32_MIN, hi=INT32_MAX, dtype=np.int32, what="int32"):
     """Host array ``x`` (anything ``numpy.asarray`` takes) as ``dtype``, after
     checking that it holds integers (a bare ``[]`` counts) with ``ndim``
@@ -205,7 +241,8 @@ def int_array(name, x, ndim=None, lo=INT32_MIN, hi=INT32_MAX, dtype=np.int32, wh
     Parameters
     ----------
     name : str
-    x : array_like of int, any shape
+    x : array of int, or list or tuple of ints (nested: rows of one length)
+        Lists and tuples go through :func:`int_sequence` first.
     ndim : int, optional
     lo, hi : int
         Inclusive bounds (default: the int32 range).
@@ -226,9 +263,7 @@ def int_array(name, x, ndim=None, lo=INT32_MIN, hi=INT32_MAX, dtype=np.int32, wh
         ...
     ValueError: slot_mapping[1] is 18446744073709551615, outside [-1, 31] (slots of the cache, -1 for padding).
     """
-    a = np.asarray(x)
-    if a.size == 0 and a.dtype == np.float64:        # a bare [] from Python
-        a = a.astype(np.int64)
+    a = int_sequence(name, x) if isinstance(x, (list, tuple)) else np.asarray(x)
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{name} must hold integers, but got dtype {a.dtype.name}.")
     if ndim is not None and a.ndim != ndim:

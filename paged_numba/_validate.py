@@ -8,7 +8,7 @@ import numpy as np
 from . import _arrays
 from . import _checks as C
 from ._arrays import BFLOAT16, logical_dtype, storage_dtype
-from .page_tables import check_offsets
+from .page_tables import CSRTable, check_offsets
 
 
 MAX_HEAD_SIZE = 256
@@ -95,11 +95,11 @@ def int32_device(name, x, validate):
     """``(device int32 array, host copy)`` of a kernel's integer array argument
     ``x`` (any shape: a table ``[num_seqs, max_blocks]``, lengths ``[num_seqs]``).
 
-    A NumPy array is checked against the int32 range before it is narrowed
-    (always: it is on the host anyway) and copied to the device; a CUDA
-    array must already be int32, and its host copy is made only when
-    ``validate`` (else None)."""
-    if isinstance(x, np.ndarray):
+    A NumPy array, list or tuple (nested for a table) is checked against the
+    int32 range before it is narrowed (always: it is on the host anyway) and
+    copied to the device; a CUDA array must already be int32, and its host
+    copy is made only when ``validate`` (else None)."""
+    if isinstance(x, (np.ndarray, list, tuple)):
         host = np.ascontiguousarray(C.int_array(name, x))
         return _arrays.as_device(host, name)[0], host
     dev, _ = _arrays.as_device(x, name)      # a TypeError naming it if x is not an array
@@ -109,25 +109,42 @@ def int32_device(name, x, validate):
     return dev, (dev.copy_to_host() if validate else None)
 
 
-def padded_tables(block_tables, seq_lens, cache, validate):
-    """Accept a padded table or FlashInfer's CSR triple; return ``(block_tables, seq_lens)``.
+def is_csr(block_tables):
+    """True when ``block_tables`` is a CSR page table: a :class:`~paged_numba.page_tables.CSRTable`,
+    or a plain tuple of three arrays (NumPy or CUDA). A list, or a tuple
+    holding lists or numbers, is a padded table given row by row, whatever
+    its length."""
+    if isinstance(block_tables, CSRTable):
+        return True
+    return (type(block_tables) is tuple and len(block_tables) == 3
+            and all(isinstance(a, np.ndarray) or _arrays.is_device_array(a)
+                    for a in block_tables))
 
-    A CSR page table ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
-    kv_last_page_len [num_seqs])`` is converted to the padded ``[num_seqs,
-    max_blocks]`` form on the host (``seq_lens`` may then be None: it follows
-    from the CSR arrays)."""
-    if not (isinstance(block_tables, (tuple, list)) and len(block_tables) == 3):
+
+def padded_tables(block_tables, seq_lens, cache, validate):
+    """Accept a padded table or a CSR page table; return ``(block_tables, seq_lens)``.
+
+    A CSR page table (:func:`is_csr`: ``CSRTable(kv_indptr [num_seqs + 1],
+    kv_indices [nnz], kv_last_page_len [num_seqs])``) is converted to the
+    padded ``[num_seqs, max_blocks]`` form on the host (``seq_lens`` may then
+    be None: it follows from the CSR arrays). Anything else is a padded
+    table, returned as it is."""
+    if not is_csr(block_tables):
         if seq_lens is None:
-            raise ValueError("seq_lens is required with a padded block table.")
+            raise ValueError("seq_lens is required with a padded block table (pass a CSR page "
+                             "table as paged_numba.CSRTable(kv_indptr, kv_indices, "
+                             "kv_last_page_len)).")
         return block_tables, seq_lens
     from .page_tables import csr_to_padded, validate_csr
 
-    indptr, indices, last = (np.asarray(_arrays.to_host(a)) for a in block_tables)
+    indptr, indices, last = (a if isinstance(a, (list, tuple)) else _arrays.to_host(a)
+                             for a in block_tables)
     if validate:
         validate_csr(indptr, indices, last, cache.num_blocks, cache.block_size)
     tables, lens = csr_to_padded(indptr, indices, last, cache.block_size)
     if seq_lens is not None:
-        given = np.asarray(_arrays.to_host(seq_lens))
+        given = (C.int_array("seq_lens", seq_lens, dtype=np.int64)
+                 if isinstance(seq_lens, (list, tuple)) else np.asarray(_arrays.to_host(seq_lens)))
         if given.shape != lens.shape or not np.array_equal(given, lens):
             raise ValueError(f"seq_lens {given.tolist()} disagree with the CSR page table, "
                              f"which gives {lens.tolist()}.")

@@ -15,19 +15,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-try:
-    from ._checks import INT32_MAX, hashable, int_array, integer
-except ImportError:      # loaded by file path, outside the package (it needs no numba)
-    import importlib.util
-    import pathlib
-
-    _spec = importlib.util.spec_from_file_location(
-        "_paged_numba_checks", pathlib.Path(__file__).with_name("_checks.py"))
-    _checks = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_checks)
-    INT32_MAX, hashable, int_array, integer = (
-        _checks.INT32_MAX, _checks.hashable, _checks.int_array, _checks.integer)
-
+from ._checks import INT32_MAX, hashable, int_array, integer
 NO_BLOCK = -1
 
 

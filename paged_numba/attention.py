@@ -127,13 +127,15 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     cache : PagedKVCache
         Holds ``num_kv_heads`` heads; ``num_heads`` must be a multiple of it
         (GQA; ``num_kv_heads = 1`` is MQA).
-    block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSR triple
-        Physical block of each logical block, ``-1`` past the used ones; or
-        FlashInfer's ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
-        kv_last_page_len [num_seqs])`` (converted on the host).
+    block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSRTable
+        Physical block of each logical block, ``-1`` past the used ones (an
+        array, or a list of rows); or FlashInfer's CSR page table as
+        :class:`~paged_numba.CSRTable` ``(kv_indptr [num_seqs + 1],
+        kv_indices [nnz], kv_last_page_len [num_seqs])``, converted on the
+        host (a plain tuple of three arrays is read as CSR too; a list never is).
     seq_lens : array of int32, ``[num_seqs]``
         Tokens of each sequence in the cache, the new one included (may be
-        None with a CSR table).
+        None with a CSR table). Integer arrays may also be lists or tuples.
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_size)``.
     sliding_window : int, optional

@@ -42,6 +42,7 @@ import numpy as np
 from numba import config, cuda
 
 from . import _arrays, _launch
+from . import _checks as C
 from . import _validate as V
 from .attention import DecodePlan, _int32_device
 from .kernels.merge import merge_kernel
@@ -76,6 +77,8 @@ def check_shared_table(shared_block_table, shared_len, cache):
     ValueError: shared_block_table[1] is -1, but shared_len = 6 uses its first 2 entries, which must be block ids in [0, 4).
     """
     shared_len = _count("shared_len", shared_len)
+    if isinstance(shared_block_table, (list, tuple)):
+        shared_block_table = C.int_sequence("shared_block_table", shared_block_table)
     table = np.asarray(_arrays.to_host(shared_block_table))
     V.check_int_array("shared_block_table", table)
     if table.ndim != 1:
@@ -344,6 +347,8 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
         Tokens of each suffix, the new one included (>= 0; 0: the query
         attends the prefix alone). Sequence ``i``'s query sits at position
         ``shared_len + seq_lens[i] - 1``.
+        The integer arrays (``shared_block_table``, ``block_tables``,
+        ``seq_lens``) may also be lists or tuples (a table: a list of rows).
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_size)``.
     logits_soft_cap : float, optional

@@ -58,18 +58,7 @@ True
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype)
 import numpy as np
 
-try:
-    from ._checks import flag, integer
-except ImportError:      # loaded by file path, outside the package (it needs no numba)
-    import importlib.util
-    import pathlib
-
-    _spec = importlib.util.spec_from_file_location(
-        "_paged_numba_checks", pathlib.Path(__file__).with_name("_checks.py"))
-    _checks = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_checks)
-    flag, integer = _checks.flag, _checks.integer
-
+from ._checks import flag, integer
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")           # kernels and PagedKVCache take these
 HOST_LAYOUTS = LAYOUTS                                    # and so do the host converters
 DTYPES = ("float16", "float32", "bfloat16")               # bfloat16: ml_dtypes.bfloat16 on the host

@@ -17,6 +17,11 @@ same information in compressed sparse rows, FlashInfer's paged-KV format:
 So ``seq_len = (pages - 1) * block_size + kv_last_page_len`` when
 ``pages = kv_indptr[i + 1] - kv_indptr[i] > 0``, and ``0`` otherwise.
 
+:class:`CSRTable` holds the three; pass one as ``block_tables`` to
+:func:`~paged_numba.paged_decode` or :func:`~paged_numba.paged_prefill`.
+Every integer argument here may be a NumPy array, a list or a tuple (a
+padded table: a list of rows).
+
 Note
 ----
 FlashInfer requires every sequence to own at least one page; here a sequence
@@ -39,22 +44,40 @@ array([12,  1], dtype=int32)
 >>> seq_lens_from_csr(indptr, last, 16)   # (4 - 1) * 16 + 12 = 60; (2 - 1) * 16 + 1 = 17
 array([60, 17], dtype=int32)
 """
+from typing import NamedTuple
+
 import numpy as np
 
-try:
-    from ._checks import INT32_MAX, int_array
-except ImportError:      # loaded by file path, outside the package (it needs no numba)
-    import importlib.util
-    import pathlib
-
-    _spec = importlib.util.spec_from_file_location(
-        "_paged_numba_checks", pathlib.Path(__file__).with_name("_checks.py"))
-    _checks = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_checks)
-    INT32_MAX, int_array = _checks.INT32_MAX, _checks.int_array
-
+from ._checks import INT32_MAX, int_array
 NO_BLOCK = -1  # allocator.NO_BLOCK; not imported, so this file loads on its own by path
 INT64 = np.iinfo(np.int64)
+
+
+class CSRTable(NamedTuple):
+    """A CSR page table, the explicit way to pass one where a padded table is
+    also accepted (``block_tables`` of :func:`~paged_numba.paged_decode` and
+    :func:`~paged_numba.paged_prefill`). :func:`padded_to_csr` returns one.
+
+    A list or tuple of rows is always a padded table, whatever its length; a
+    plain tuple of three arrays (NumPy or CUDA) is still read as CSR.
+
+    Attributes
+    ----------
+    kv_indptr : array of int, ``[num_seqs + 1]``
+    kv_indices : array of int, ``[kv_indptr[-1]]``
+    kv_last_page_len : array of int, ``[num_seqs]``
+        Each may be a NumPy or CUDA array, a list or a tuple.
+
+    Examples
+    --------
+    >>> CSRTable([0, 2], [5, 1], [3])      # one sequence: 2 pages, 3 tokens in the last
+    CSRTable(kv_indptr=[0, 2], kv_indices=[5, 1], kv_last_page_len=[3])
+    >>> csr_to_padded(*CSRTable([0, 2], [5, 1], [3]), block_size=4)[1]    # 7 = 1 * 4 + 3
+    array([7], dtype=int32)
+    """
+    kv_indptr: object
+    kv_indices: object
+    kv_last_page_len: object
 
 
 def _positive_int(name, value):
@@ -192,13 +215,15 @@ def seq_lens_from_csr(kv_indptr, kv_last_page_len, block_size):
 
 
 def padded_to_csr(block_tables, seq_lens, block_size):
-    """Convert a padded block table to CSR ``(kv_indptr, kv_indices, kv_last_page_len)``.
+    """Convert a padded block table to a CSR :class:`CSRTable` ``(kv_indptr, kv_indices,
+    kv_last_page_len)``.
 
     Parameters
     ----------
     block_tables : array_like of int, ``[num_seqs, max_blocks]``
-        Physical block of each logical block. Entries past a sequence's
-        ``ceil(seq_len / block_size)`` blocks are ignored (usually ``-1``).
+        Physical block of each logical block (an array, or a list of rows).
+        Entries past a sequence's ``ceil(seq_len / block_size)`` blocks are
+        ignored (usually ``-1``).
     seq_lens : array_like of int, ``[num_seqs]``
         Tokens per sequence, ``>= 0``.
     block_size : int
@@ -206,9 +231,10 @@ def padded_to_csr(block_tables, seq_lens, block_size):
 
     Returns
     -------
-    kv_indptr : numpy.ndarray, int32 ``[num_seqs + 1]``
-    kv_indices : numpy.ndarray, int32 ``[kv_indptr[-1]]``
-    kv_last_page_len : numpy.ndarray, int32 ``[num_seqs]`` (0 for an empty sequence)
+    CSRTable
+        NumPy int32 arrays ``kv_indptr [num_seqs + 1]``, ``kv_indices
+        [kv_indptr[-1]]`` and ``kv_last_page_len [num_seqs]`` (0 for an
+        empty sequence); it unpacks as a 3-tuple.
 
     Raises ``ValueError`` for a negative length, a sequence that needs more
     blocks than its row has, or a negative id inside the used part of a row.
@@ -256,7 +282,7 @@ def padded_to_csr(block_tables, seq_lens, block_size):
     kv_indptr = indptr.astype(np.int32)
     kv_indices = table[used].astype(np.int32)               # row-major: sequence by sequence
     kv_last_page_len = np.where(lens > 0, (lens - 1) % block_size + 1, 0).astype(np.int32)
-    return kv_indptr, kv_indices, kv_last_page_len
+    return CSRTable(kv_indptr, kv_indices, kv_last_page_len)
 
 
 def csr_to_padded(kv_indptr, kv_indices, kv_last_page_len, block_size, max_blocks=None):

@@ -13,8 +13,10 @@ from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, share
 
 def _host_int(name, x):
     """A host int64 copy of an integer array (device arrays are copied), its
-    entries checked against the int32 range the kernels narrow them to."""
-    return C.int_array(name, _arrays.to_host(x), dtype=np.int64)
+    entries checked against the int32 range the kernels narrow them to. Lists
+    and tuples are checked entry by entry (:func:`_checks.int_sequence`)."""
+    host = x if isinstance(x, (list, tuple)) else _arrays.to_host(x)
+    return C.int_array(name, host, dtype=np.int64)
 
 
 def uses_tensor_cores(cache, tensor_cores=None):
@@ -102,7 +104,8 @@ class PrefillPlan:
     cu_seqlens_q : array of int, ``[num_seqs + 1]``
         Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``.
     seq_lens : array of int, ``[num_seqs]``
-        Tokens of each sequence in the cache, this step's included.
+        Tokens of each sequence in the cache, this step's included. Both may
+        be NumPy or CUDA arrays, lists or tuples (read on the host).
     num_heads : int
         Query heads, a multiple of ``cache.num_kv_heads``.
     causal, scale, sliding_window, alibi_slopes, logits_soft_cap
@@ -397,10 +400,13 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
         or CUDA array (numba, PyTorch, CuPy) of the cache's dtype.
     cache : PagedKVCache
         Holds ``num_kv_heads`` heads; ``num_heads`` must be a multiple of it.
-    block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSR triple
-        Physical block of each logical block, ``-1`` past the used ones; or
-        FlashInfer's ``(kv_indptr [num_seqs + 1], kv_indices [nnz],
-        kv_last_page_len [num_seqs])``.
+    block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSRTable
+        Physical block of each logical block, ``-1`` past the used ones (an
+        array, or a list of rows); or FlashInfer's CSR page table as
+        :class:`~paged_numba.CSRTable` ``(kv_indptr [num_seqs + 1],
+        kv_indices [nnz], kv_last_page_len [num_seqs])``, as in
+        :func:`~paged_numba.paged_decode`. Integer arrays here
+        (``cu_seqlens_q``, ``seq_lens``) may also be lists or tuples.
     cu_seqlens_q : array of int32, ``[num_seqs + 1]``
         Query rows of sequence ``i`` are ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``
         (query lengths ``[10, 3, 1]`` give ``[0, 10, 13, 14]``). A sequence

@@ -24,6 +24,7 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
         device arrays of the bf16 bit patterns (``uint16``).
     slot_mapping : array of int, ``[num_tokens]``
         Slot of each token; ``-1`` marks a padding token, which is skipped.
+        A NumPy or CUDA array, a list or a tuple.
     validate : bool
         Check shapes, dtypes and slots (in ``[-1, num_slots)``, no slot twice)
         before launching; device slot mappings are copied to the host for it.
@@ -65,6 +66,8 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
         raise ValueError(
             f"key and value must have the same shape, but got {V.shape_of(k)} and {V.shape_of(v)}.")
     num_tokens = k.shape[0]
+    if isinstance(slot_mapping, (list, tuple)):
+        slot_mapping = C.int_sequence("slot_mapping", slot_mapping)
     host = isinstance(slot_mapping, np.ndarray)
     if not host:
         slots, _ = _arrays.as_device(slot_mapping, "slot_mapping")   # TypeError if no array
