@@ -42,7 +42,8 @@ _simulator.install()
 from . import layouts, page_tables  # noqa: E402,F401  (pn.layouts, pn.page_tables)
 from .page_tables import CSRTable  # noqa: E402
 from .allocator import BlockAllocator, OutOfBlocksError  # noqa: E402
-from .attention import DecodePlan, merge_states, paged_decode  # noqa: E402
+from .attention import DecodePlan, paged_decode  # noqa: E402
+from .merge import merge_states  # noqa: E402
 from .cache import PagedKVCache  # noqa: E402
 from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
