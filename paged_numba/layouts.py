@@ -15,7 +15,7 @@ num_kv_heads, ``D`` = head_size):
 ``"hnd"`` (FlashInfer ``HND``)
     key and value ``[num_blocks, num_kv_heads, block_size, head_size]``;
     ``key[b, h, o, d]``.
-``"interleaved"`` (a small CUDA engine's one-buffer-per-block layout)
+``"interleaved"`` (one buffer a block, keys then values, as single-file CUDA engines keep it)
     ONE pool ``[num_blocks, 2, block_size, num_kv_heads, head_size]``: each
     block holds K for all its ``B`` tokens, then V, each token row ``H * D``
     wide. ``pool[b, 0, o, h, d]`` is K and ``pool[b, 1, o, h, d]`` is V, so
