@@ -157,7 +157,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         the host). Turn off only in benchmarks.
     pv_mma, key_rows : bool, optional
         Variants of the tensor-core kernel (other rounding; ignored where the
-        other kernel runs): P @ V on tensor cores (default True), and the keys
+        other kernels run: the CUDA-core kernel, and the prefill tile that MQA
+        and groups of 32 or more heads run on): P @ V on tensor cores (default True), and the keys
         copied in whole rows and read by ``ldmatrix`` (default: in the unsplit
         kernel only). Both False give the kernel with P @ V in fp32 FMAs.
 
@@ -294,6 +295,12 @@ class DecodePlan:
         where it does not.
     pv_mma, key_rows : bool, optional
         The tensor-core kernel's variants, as in :func:`paged_decode`.
+
+    MQA and GQA groups of 32 or more query heads run on the tensor-core
+    prefill tile with split-K (``paged_numba._group_decode``) wherever it
+    applies and ``tensor_cores`` is not False: ``num_partitions`` then counts
+    its parts, and ``num_warps``, ``unroll``, ``stages``, ``pv_mma`` and
+    ``key_rows`` do not apply.
 
     Examples
     --------
