@@ -83,6 +83,17 @@ LONG_F16 = _problem([21, 1], [40, 33], [[9, 3, 0, 7, 5], [1, 8, 2, 4, 6]], 8, he
                     num_heads=2, dtype="float16")
 
 
+# wgmma: 43 query tokens x 2 heads fill both warpgroups of an 8-warp tile (128 rows);
+# 45 keys in 32-key tiles (two products of 16 keys each in O += P V)
+WG_LONG = _problem([40, 3], [45, 20], [[9, 3, 0, 7, 5, 10], [1, 8, 2, -1, -1, -1]], 8,
+                   head_size=32, num_heads=2, dtype="float16")
+WG_LONG_BF16 = _problem([40, 3], [45, 20], [[9, 3, 0, 7, 5, 10], [1, 8, 2, -1, -1, -1]], 8,
+                        head_size=32, num_heads=2, dtype="bfloat16", layout="vllm")
+WG = dict(tensor_cores=True, kernel_options=dict(wgmma=True))
+WG_TWO = dict(WG, block_n=32, num_warps=8) if SIM else WG      # two warpgroups
+WG_ONE = dict(WG, block_n=16, num_warps=4) if SIM else WG
+
+
 def rounding(cache, tiling):
     """``tensor_cores`` argument of the bounds: the dtype P is rounded to where
     the tensor-core kernel runs, else None."""
@@ -147,6 +158,28 @@ def test_tc_prefill_kernel_options(options):
         check_prefill(LONG_F16, True, dict(SMALL_TC, kernel_options=dict(unrolled=True)))
     with pytest.raises(ValueError, match="kernel_options apply to the tensor-core kernel"):
         check_prefill(SEED_MIX, True, dict(SMALL, kernel_options=options))
+
+
+@pytest.mark.parametrize("p, causal, tiling, extra", [
+    (WG_LONG, True, WG_TWO, {}), (WG_LONG_BF16, False, WG_ONE, {}),
+    (LONG_F16, True, WG_ONE, dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]),
+                                  logits_soft_cap=3.0)),
+    (LONG_F16, True, dict(WG_ONE, num_parts=2), {}), (MQA_DECODE_F16, True, WG_ONE, {})],
+    ids=["two-warpgroups", "bf16-vllm-noncausal", "variants", "split-k", "mqa-decode"])
+def test_tc_prefill_wgmma(p, causal, tiling, extra):
+    """Warpgroup products (``kernel_options={"wgmma": True}``) within the
+    tensor-core bound: two warpgroups of rows, several key tiles and 16-key
+    steps of ``P V``, the "vllm" layout's element-wise values, the variants,
+    split-K and a decode-like tile."""
+    check_prefill(p, causal, tiling, **extra)
+
+
+def test_wgmma_rejects_tilings_it_cannot_run():
+    with pytest.raises(ValueError, match="num_warps a multiple of 4"):
+        check_prefill(LONG_F16, True, dict(WG, num_warps=2, block_n=16))
+    with pytest.raises(ValueError, match="needs m_tiles=1"):
+        check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
+                                           kernel_options=dict(wgmma=True, m_tiles=2)))
 
 
 @pytest.mark.parametrize("p, parts, extra", [

@@ -56,6 +56,7 @@ from .decode import LOG2E, STORAGE, lane_reducer
 from .convert import codec
 from .fastmath import exp2_approx
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, pack_pair
+from . import wgmma as wg
 from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
     DTYPES, LAYOUTS, MAX_SHARED_BYTES, STAGES, prefill_tc_config, shared_bytes, supports)
 
@@ -67,7 +68,8 @@ LN2 = 0.6931471805599453
 @functools.cache
 def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                       num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
-                      fma_softmax=False, token_copies=False, m_tiles=1, split_k=False):
+                      fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
+                      wgmma=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -98,7 +100,19 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     state unnormalised by the other parts, ``out [total_q, num_parts,
     num_heads, head_size]`` float32 (``O / l`` of its keys) and ``lse
     [total_q, num_parts, num_heads]`` (``-inf`` for a part with no keys), for
-    :func:`kernels.merge.merge_kernel` to merge."""
+    :func:`kernels.merge.merge_kernel` to merge.
+
+    ``wgmma=True`` (sm_90a: H100, H200) computes both products with warpgroup
+    instructions (:mod:`.wgmma`) instead of ``ldmatrix`` + ``mma.sync``: each
+    four warps (a warpgroup, 64 rows) issue ``S = Q K^T`` as ``head_size / 16``
+    ``m64nBNk16`` products with Q and K read straight from shared memory, and
+    ``O += P V`` as ``BN / 16`` ``m64nDk16`` products with P from registers.
+    Shared memory then holds the tiles as core matrices (8 rows x 16 bytes,
+    rows ``8 i .. 8 i + 7`` of chunk ``ch`` at ``(i * D / 8 + ch) * 128``
+    bytes) instead of swizzled rows. It needs ``num_warps % 4 == 0``,
+    ``m_tiles=1`` and ``block_n <= 256``; the fragments, the softmax and the
+    epilogue are those of the ``mma.sync`` path, so the arithmetic is the same
+    up to the tensor cores' order of accumulation."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -123,6 +137,13 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     QCPT = -(-QCHUNKS // NT)
     QREGS = (D <= 128) if q_in_regs is None else bool(q_in_regs)
     SPLIT = bool(split_k)
+    WG = bool(wgmma)
+    if WG:
+        if NW % 4 or MT != 1 or BN > 256 or token_copies:
+            raise ValueError(f"wgmma needs num_warps % 4 == 0, m_tiles=1, block_n <= 256 and no "
+                             f"token_copies, but got num_warps={NW}, m_tiles={MT}, "
+                             f"block_n={BN}, token_copies={token_copies}")
+        QREGS = False
     assert HPB & (HPB - 1) == 0 and M % HPB == 0 and BN % 16 == 0 and NW >= 1
     Q_OFF = 0
     KV_OFF = M * D                        # stage s: K at KV_OFF + 2 s BN D, V after it
@@ -133,6 +154,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     # each thread copies chunk tid % NCH of rows tid // NCH + u NT / NCH, all at
     # the same swizzle, so its slots differ by constants
     FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % (SWZ + 1) == 0
+    if WG:      # chunk order = slot order (8 rows of one chunk, then the next chunk)
+        FIXED_CHUNK = NT % (8 * NCH) == 0
     # token_copies: TPT threads a token (or TOKS tokens a thread), CPTOK chunks each
     TPT = max(1, NT // BN)
     TOKS = max(1, BN // NT)
@@ -151,12 +174,45 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     pack = pack_pair(dtype)
     _, from_f32 = codec(dtype)
     quad_max = lane_reducer(3, True)
+    # wgmma: S from Q and K as K-major core matrices (next chunk 128 bytes on, next
+    # 8 rows D * 16), O from P in registers and V as MN-major (next 8 keys D * 16
+    # bytes on, next 8 dims 128)
+    wg_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
+    wg_o = wg.wgmma_rs(dtype, D, NCH * 128, 128, True)
+    pin_s, wait_s = wg.pin(BN // 2), wg.wait_pin(0, BN // 2)
+    pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
+    pin_p = wg.pin(4 * PV_STEPS)
+    wg_fence, wg_commit, fence_proxy = wg.fence, wg.commit, wg.fence_proxy_async
     quad_sum = lane_reducer(3, False)
 
-    @device_function
-    def slot(base, row, ch):
-        """Flat index in shared memory of chunk ``ch`` of ``row`` (swizzled)."""
-        return base + (row * NCH + (ch ^ (row & SWZ))) * 8
+    if WG:
+        @device_function
+        def slot(base, row, ch):
+            """Flat index in shared memory of chunk ``ch`` of ``row`` (core matrices)."""
+            return base + ((row >> 3) * NCH + ch) * 64 + (row & 7) * 8
+
+        @device_function
+        def row_of(idx):
+            """The row of the ``idx``-th chunk a tile copies (in slot order)."""
+            return (idx // (8 * NCH)) * 8 + (idx & 7)
+
+        @device_function
+        def chunk_of(idx):
+            return (idx >> 3) % NCH
+    else:
+        @device_function
+        def slot(base, row, ch):
+            """Flat index in shared memory of chunk ``ch`` of ``row`` (swizzled)."""
+            return base + (row * NCH + (ch ^ (row & SWZ))) * 8
+
+        @device_function
+        def row_of(idx):
+            """The row of the ``idx``-th chunk a tile copies."""
+            return idx // NCH
+
+        @device_function
+        def chunk_of(idx):
+            return idx % NCH
 
     @device_function
     def lane_slot(row, b, lt):
@@ -215,8 +271,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         for u in range(CPT):
             idx = tid + u * NT
             if CHUNKS % NT == 0 or idx < CHUNKS:
-                n = tid // NCH + u * (NT // NCH) if FIXED_CHUNK else idx // NCH
-                ch = tid % NCH if FIXED_CHUNK else idx % NCH
+                n = row_of(tid) + u * (NT // NCH) if FIXED_CHUNK else row_of(idx)
+                ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
                 t = int32(min(max(kt + n, lo), last))
                 b = int32(uint32(t) // uint32(BLOCK_SIZE))
                 blk = block_tables[seq, b]
@@ -354,17 +410,17 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             kv_first = kv_lo
 
         sm = cuda.shared.array(0, SMEM_T, alignment=16)
-        first_chunk = tid % TPT if token_copies else tid % NCH
+        first_chunk = tid % TPT if token_copies else chunk_of(tid)
         kstr = k_strides(key_cache, kvh, first_chunk)
         vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, first_chunk)
-        tid_slot = slot(0, tid // NCH, tid % NCH)
+        tid_slot = slot(0, row_of(tid), chunk_of(tid))
 
         # -- the tile's queries -> shared memory (rows past nq repeat the last query)
         for u in range(QCPT):
             idx = tid + u * NT
             if QCHUNKS % NT == 0 or idx < QCHUNKS:
-                row = idx // NCH
-                ch = idx % NCH
+                row = row_of(idx)
+                ch = chunk_of(idx)
                 qi = min(row // HPB, nq - 1)
                 src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
                 copy16_async(sm, slot(Q_OFF, row, ch), query, src)
@@ -407,6 +463,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         qa = cuda.local.array((MT, KSTEPS if QREGS else 1, 4), uint32)
         s = cuda.local.array((MT, NTILE_S, 4), float32)
         o = cuda.local.array((MT, NTILE_O, 4), float32)
+        pa = cuda.local.array((PV_STEPS, 4), uint32)     # wgmma: P as A words
         for t in range(MT):
             for i in range(NTILE_O):
                 for e in range(4):
@@ -416,6 +473,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             stage = int32(j % STAGES)
             kt = int32(kv_first + j * BN)
             wait_all()
+            if WG:
+                fence_proxy()   # this thread's copies, visible to the tensor cores' reads
             cuda.syncthreads()  # tile j (and the queries) landed; everyone is done with tile j - 1
             if j + 1 < ntiles and token_copies:
                 issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt + BN, kv_lo,
@@ -432,11 +491,19 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             vbase = kbase + BN * D
 
             # -- S = Q K^T: 16 MT rows x BN keys per warp; each K fragment serves MT m-tiles
-            for t in range(MT):
+            if WG:              # the warpgroup's 64 rows, D / 16 products, then wait
+                qbase = Q_OFF + (warp >> 2) * 64 * D
+                pin_s(s)
+                wg_fence()
+                for kk in range(KSTEPS):
+                    wg_s(s, sm, qbase + 128 * kk, sm, kbase + 128 * kk, kk > 0)
+                wg_commit()
+                wait_s(s)
+            for t in range(MT if not WG else 0):
                 for i in range(NTILE_S):
                     for e in range(4):
                         s[t, i, e] = 0.0
-            for kk in range(KSTEPS):
+            for kk in range(KSTEPS if not WG else 0):
                 if not QREGS:
                     for t in range(MT):
                         qa[t, 0, 0], qa[t, 0, 1], qa[t, 0, 2], qa[t, 0, 3] = q_fragment(
@@ -491,7 +558,21 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
 
             # -- O += P V: P rounded to the cache dtype is the A operand as it lies;
             # each V fragment serves MT m-tiles
-            for ks in range(PV_STEPS):             # keys 16 ks .. 16 ks + 15
+            if WG:              # P words first, then fence, BN / 16 products, wait
+                for ks in range(PV_STEPS):
+                    pa[ks, 0] = pack(s[0, 2 * ks, 0], s[0, 2 * ks, 1])
+                    pa[ks, 1] = pack(s[0, 2 * ks, 2], s[0, 2 * ks, 3])
+                    pa[ks, 2] = pack(s[0, 2 * ks + 1, 0], s[0, 2 * ks + 1, 1])
+                    pa[ks, 3] = pack(s[0, 2 * ks + 1, 2], s[0, 2 * ks + 1, 3])
+                pin_p(pa)
+                pin_o(o)
+                wg_fence()
+                for ks in range(PV_STEPS):
+                    wg_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], sm,
+                         vbase + ks * 16 * D, True)
+                wg_commit()
+                wait_o(o)
+            for ks in range(PV_STEPS if not WG else 0):   # keys 16 ks .. 16 ks + 15
                 for db in range(NTILE_O // 2):     # dims 16 db .. 16 db + 15
                     w0, w1, w2, w3 = ldmatrix_x4_trans(sm, frag_slot(vbase, 16 * ks, db, vo))
                     for t in range(MT):

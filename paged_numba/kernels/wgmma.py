@@ -1,0 +1,327 @@
+"""Warpgroup tensor-core products (``wgmma.mma_async``, sm_90a).
+
+A *warpgroup* is four consecutive warps (128 threads, warp ``4 g .. 4 g + 3``
+of warpgroup ``g``). One ``wgmma`` computes ``D = A @ B (+ D)`` for a
+``64 x 16`` ``A``, a ``16 x N`` ``B`` and a ``64 x N`` float32 ``D``; all 128
+threads issue it together, and it runs asynchronously: issue, then
+:func:`commit`, then wait (:func:`wait_pin`) before touching ``D``.
+
+**Accumulators.** ``D`` lives in registers exactly as ``N / 8`` side-by-side
+``mma.m16n8k16`` accumulators per warp: warp ``w`` of the group owns rows
+``16 w .. 16 w + 15``, and with ``r = lane // 4``, ``c = lane % 4`` its lane
+holds, for n-tile ``j``, ``acc[j, 0:2] = D[16 w + r, 8 j + 2 c : + 2]`` and
+``acc[j, 2:4] = D[16 w + r + 8, 8 j + 2 c : + 2]``. A kernel passes ``acc`` as
+a ``(N // 8, 4)`` float32 local array.
+
+**A from registers** (:func:`wgmma_rs`): words ``a0..a3`` of two elements, the
+``mma.m16n8k16`` A fragment of the warp's 16 rows (see :mod:`.mma`); an
+accumulator pair of n-tiles ``2 k, 2 k + 1`` rounded to the input dtype is
+the A fragment of keys ``16 k ..`` as it lies.
+
+**Operands in shared memory** are *core matrices* of 8 rows x 16 bytes
+stored as 128 contiguous bytes (row ``i`` at byte ``16 i``), placed by two
+byte strides (no swizzle). For a K-major operand (``A[m, k]`` or
+``B[k, n]`` with ``k`` contiguous, as for ``Q`` and ``K`` rows)::
+
+    byte(x, k) = 16 (x % 8) + SBO (x // 8) + 2 (k % 8) + LBO (k // 8)
+
+with ``x`` the row (``m`` or ``n``); for an MN-major ``B`` (``trans_b``:
+``n`` contiguous, as for ``V`` rows whose ``n`` is the head dimension)::
+
+    byte(k, n) = 2 (n % 8) + SBO (n // 8) + 16 (k % 8) + LBO (k // 8)
+
+(``LBO`` steps along ``K``, ``SBO`` along ``M``/``N``, both multiples of 16),
+each from the operand's first element, the flat index ``flat`` of a shared
+array. The instruction reads them through a 64-bit *matrix descriptor*
+(start address, ``LBO`` and ``SBO`` in 16-byte units, swizzle 0) built
+here from the array and ``flat``. Writes to those bytes by ordinary or
+``cp.async`` stores reach the tensor cores only after the writing thread's
+:func:`fence_proxy_async` and a barrier.
+
+**Ordering.** :func:`fence` must separate register writes to an
+accumulator or A fragment from the ``wgmma`` that reads it. ``pin(count)``
+returns a device function passing the first ``count`` elements of a local
+array through an empty volatile instruction, so that the compiler cannot
+move their computation past the fence; ``wait_pin(n, count)`` waits until
+at most ``n`` committed groups are in flight and pins the array the same
+way, so that nothing reads an accumulator before its product has landed.
+
+Under the simulator the products are computed at once, per thread, in
+float64 from the shared array (rounded to float32), the A fragments of the
+register form exchanged in the warp-operation rendezvous of
+``paged_numba._simulator``; fences, commits and waits do nothing.
+"""
+import functools
+
+import numpy as np
+from numba import config, types
+
+KINDS = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def descriptor_fields(lbo, sbo):
+    """The constant part of a no-swizzle matrix descriptor: ``LBO`` and ``SBO``
+    (bytes, multiples of 16 below 2**18) in their fields.
+
+    >>> hex(descriptor_fields(128, 2048))
+    '0x8000000080000'
+    """
+    for name, v in (("lbo", lbo), ("sbo", sbo)):
+        if v % 16 or not 0 <= v < 2 ** 18:
+            raise ValueError(f"{name}={v} must be a multiple of 16 below 2**18")
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
+
+
+if config.ENABLE_CUDASIM:
+    from .vector import _host_flat
+
+    def _values(arr, dtype):
+        a = _host_flat(arr)
+        if dtype == "bfloat16":
+            return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return a.astype(np.float64)
+
+    def _kmajor(vals, flat, rows, k, lbo, sbo):
+        """``M[x, kk]`` (``rows x k``) of a K-major operand at ``flat``."""
+        x = np.arange(rows)[:, None]
+        kk = np.arange(k)[None, :]
+        byte = 16 * (x % 8) + sbo * (x // 8) + 2 * (kk % 8) + lbo * (kk // 8)
+        return vals[flat + byte // 2]
+
+    def _mnmajor(vals, flat, k, n, lbo, sbo):
+        """``B[kk, y]`` (``k x n``) of an MN-major operand at ``flat``."""
+        kk = np.arange(k)[:, None]
+        y = np.arange(n)[None, :]
+        byte = 2 * (y % 8) + sbo * (y // 8) + 16 * (kk % 8) + lbo * (kk // 8)
+        return vals[flat + byte // 2]
+
+    def _b_matrix(b, b_flat, dtype, n, lbo, sbo, trans_b):
+        vals = _values(b, dtype)
+        if trans_b:
+            return _mnmajor(vals, b_flat, 16, n, lbo, sbo)
+        return _kmajor(vals, b_flat, n, 16, lbo, sbo).T
+
+    def _thread():
+        import threading
+        return threading.current_thread().thread_id
+
+    def _accumulate(acc, rows, B, accumulate, n):
+        """``acc`` of this thread += its rows ``rows`` (2 x 16) times ``B``."""
+        lane = _thread() % 32
+        c = lane % 4
+        d = rows @ B                                  # 2 x n
+        flat = acc.reshape(-1)                        # a view: acc[j, e] is flat[4 j + e]
+        for j in range(n // 8):
+            for e in range(4):
+                col = 8 * j + 2 * c + (e & 1)
+                prev = float(flat[4 * j + e]) if accumulate else 0.0
+                flat[4 * j + e] = np.float32(prev + d[e >> 1, col])
+
+    @functools.cache
+    def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False):
+        """``mma(acc, a, a_flat, b, b_flat, accumulate)``: ``acc += A @ B`` (or
+        ``=`` where ``accumulate`` is false), ``A`` and ``B`` in shared memory."""
+        descriptor_fields(a_lbo, a_sbo), descriptor_fields(b_lbo, b_sbo)
+
+        def mma(acc, a, a_flat, b, b_flat, accumulate):
+            tid = _thread()
+            r0 = 16 * ((tid // 32) % 4) + (tid % 32) // 4
+            A = _kmajor(_values(a, dtype), a_flat, 64, 16, a_lbo, a_sbo)
+            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b)
+            _accumulate(acc, A[[r0, r0 + 8]], B, accumulate, n)
+        return mma
+
+    @functools.cache
+    def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False):
+        """``mma(acc, a0, a1, a2, a3, b, b_flat, accumulate)``: as
+        :func:`wgmma_ss` with ``A`` from the warps' registers."""
+        from .._simulator import _rendezvous
+        from .mma import _halves
+        descriptor_fields(b_lbo, b_sbo)
+
+        def mma(acc, a0, a1, a2, a3, b, b_flat, accumulate):
+            lane, _, frags = _rendezvous(0xFFFFFFFF, "wgmma", (a0, a1, a2, a3))
+            A = np.zeros((16, 16))
+            for ln, a in frags.items():
+                r, c = divmod(ln, 4)
+                A[r, 2 * c:2 * c + 2] = _halves(a[0], dtype)
+                A[r + 8, 2 * c:2 * c + 2] = _halves(a[1], dtype)
+                A[r, 2 * c + 8:2 * c + 10] = _halves(a[2], dtype)
+                A[r + 8, 2 * c + 8:2 * c + 10] = _halves(a[3], dtype)
+            r = lane // 4
+            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b)
+            _accumulate(acc, A[[r, r + 8]], B, accumulate, n)
+        return mma
+
+    def fence():
+        pass
+
+    def commit():
+        pass
+
+    def fence_proxy_async():
+        pass
+
+    @functools.cache
+    def pin(count):
+        def pin_(arr):
+            pass
+        return pin_
+
+    @functools.cache
+    def wait_pin(n, count):
+        def wait(arr):
+            pass
+        return wait
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    from .async_copy import _shared_address
+
+    _I32 = ir.IntType(32)
+    _I64 = ir.IntType(64)
+
+    def _void_asm(builder, text):
+        fnty = ir.FunctionType(ir.VoidType(), [])
+        builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+
+    def _plain(text, name):
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                _void_asm(builder, text)
+                return context.get_dummy_value()
+            return types.void(), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
+
+    fence = _plain("wgmma.fence.sync.aligned;", "fence")
+    commit = _plain("wgmma.commit_group.sync.aligned;", "commit")
+    fence_proxy_async = _plain("fence.proxy.async.shared::cta;", "fence_proxy_async")
+
+    def _through(text, count):
+        """Codegen passing the first ``count`` elements of a local array through
+        the volatile ``text`` (tied operands: the values stay, their order with
+        respect to other volatile instructions is fixed)."""
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            elt = data.type.pointee
+            code = "f" if isinstance(elt, ir.FloatType) else "r"
+            ptrs = [builder.gep(data, [ir.Constant(_I64, e)]) for e in range(count)]
+            vals = [builder.load(p) for p in ptrs]
+            fnty = ir.FunctionType(ir.LiteralStructType([elt] * count), [elt] * count)
+            cons = ",".join([f"={code}"] * count + [str(e) for e in range(count)] + ["~{memory}"])
+            res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True), vals)
+            for e, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, e), p)
+            return context.get_dummy_value()
+        return codegen
+
+    def _local_array(arr_ty):
+        return isinstance(arr_ty, types.Array) and arr_ty.dtype in (types.float32, types.uint32)
+
+    @functools.cache
+    def pin(count):
+        @intrinsic
+        def pin_(typingctx, arr):
+            if not _local_array(arr):
+                return None
+            return types.void(arr), _through("", count)
+        return pin_
+
+    @functools.cache
+    def wait_pin(n, count):
+        text = f"wgmma.wait_group.sync.aligned {int(n)};"
+
+        @intrinsic
+        def wait(typingctx, arr):
+            if not _local_array(arr):
+                return None
+            return types.void(arr), _through(text, count)
+        return wait
+
+    def _descriptor(context, builder, arr_ty, arr, flat_ty, flat, fields):
+        data = context.make_array(arr_ty)(context, builder, arr).data
+        base = _shared_address(builder, data)
+        i = builder.trunc(context.cast(builder, flat, flat_ty, types.intp), _I32)
+        addr = builder.add(base, builder.mul(i, ir.Constant(_I32, 2)))
+        start = builder.lshr(builder.and_(addr, ir.Constant(_I32, 0x3FFFF)), ir.Constant(_I32, 4))
+        return builder.or_(builder.zext(start, _I64), ir.Constant(_I64, fields))
+
+    def _mma_codegen(text, nr, n_a_regs, a_fields, b_fields):
+        """Codegen of a ``wgmma`` over ``acc`` (nr float32) with either a shared
+        A (``n_a_regs == 0``: ``a, a_flat``) or four A words, then ``b, b_flat``
+        and the ``accumulate`` flag."""
+        def codegen(context, builder, sig, args):
+            acc_ty = sig.args[0]
+            data = context.make_array(acc_ty)(context, builder, args[0]).data
+            ptrs = [builder.gep(data, [ir.Constant(_I64, e)]) for e in range(nr)]
+            vals = [builder.load(p) for p in ptrs]
+            pos = 1
+            ins = []
+            if n_a_regs:
+                for k in range(4):
+                    ins.append(context.cast(builder, args[pos + k], sig.args[pos + k], types.uint32))
+                pos += 4
+            else:
+                ins.append(_descriptor(context, builder, sig.args[1], args[1], sig.args[2],
+                                       args[2], a_fields))
+                pos += 2
+            ins.append(_descriptor(context, builder, sig.args[pos], args[pos], sig.args[pos + 1],
+                                   args[pos + 1], b_fields))
+            flag = context.cast(builder, args[pos + 2], sig.args[pos + 2], types.int32)
+            ins.append(flag)
+            fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * nr),
+                                   [v.type for v in ins] + [ir.FloatType()] * nr)
+            kinds = (["r"] * 4 if n_a_regs else ["l"]) + ["l", "r"]
+            cons = ",".join(["=f"] * nr + kinds + [str(e) for e in range(nr)] + ["~{memory}"])
+            res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True), ins + vals)
+            for e, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, e), p)
+            return context.get_dummy_value()
+        return codegen
+
+    def _text(dtype, n, a_regs, trans_b):
+        nr = n // 2
+        kind = KINDS[dtype]
+        d = ", ".join(f"${e}" for e in range(nr))
+        if a_regs:
+            a = "{" + ", ".join(f"${nr + k}" for k in range(4)) + "}"
+            b, flag, tail = f"${nr + 4}", f"${nr + 5}", f"1, 1, {int(trans_b)}"
+        else:
+            a, b, flag, tail = f"${nr}", f"${nr + 1}", f"${nr + 2}", f"1, 1, 0, {int(trans_b)}"
+        return ("{\n\t.reg .pred p;\n\t"
+                f"setp.ne.b32 p, {flag}, 0;\n\t"
+                f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "
+                f"{{{d}}}, {a}, {b}, p, {tail};\n}}")
+
+    def _check_acc(acc, n):
+        return isinstance(acc, types.Array) and acc.dtype == types.float32 and acc.layout == "C"
+
+    @functools.cache
+    def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False):
+        a_fields = descriptor_fields(a_lbo, a_sbo)
+        b_fields = descriptor_fields(b_lbo, b_sbo)
+        text = _text(dtype, n, False, trans_b)
+
+        @intrinsic
+        def mma(typingctx, acc, a, a_flat, b, b_flat, accumulate):
+            if not _check_acc(acc, n):
+                return None
+            sig = types.void(acc, a, a_flat, b, b_flat, accumulate)
+            return sig, _mma_codegen(text, n // 2, 0, a_fields, b_fields)
+        return mma
+
+    @functools.cache
+    def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False):
+        b_fields = descriptor_fields(b_lbo, b_sbo)
+        text = _text(dtype, n, True, trans_b)
+
+        @intrinsic
+        def mma(typingctx, acc, a0, a1, a2, a3, b, b_flat, accumulate):
+            if not _check_acc(acc, n):
+                return None
+            sig = types.void(acc, a0, a1, a2, a3, b, b_flat, accumulate)
+            return sig, _mma_codegen(text, n // 2, 4, None, b_fields)
+        return mma
