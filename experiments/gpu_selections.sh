@@ -14,7 +14,7 @@ SEL=(
   "tensor_core_variants and not pv_mma"
   "tensor_core_variants and pv_mma"
 )
-DESELECT=tests/test_ptx.py::test_every_specialisation_compiles_to_ptx
+DESELECT=tests/test_ptx.py::test_specialisations_compile_to_ptx
 if [ "${1:-}" != check ]; then echo "${SEL[$(( $1 - 1 ))]}"; exit; fi
 tmp=$(mktemp -d)
 ids() { python3 -m pytest -p no:cacheprovider -p no:benchmark paged_numba tests --collect-only -q \

@@ -45,6 +45,8 @@ from .allocator import BlockAllocator, OutOfBlocksError  # noqa: E402
 from .attention import DecodePlan, paged_decode  # noqa: E402
 from .merge import merge_states  # noqa: E402
 from .cache import PagedKVCache  # noqa: E402
+from . import fp8  # noqa: E402,F401  (pn.fp8: fp8 formats, quantize, dequantize)
+from .fp8 import fp8_scales  # noqa: E402
 from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
 from .block_manager import BlockManager  # noqa: E402
@@ -56,6 +58,7 @@ __all__ = ["BlockAllocator", "CSRTable", "DecodePlan", "OutOfBlocksError", "Page
            "merge_states", "paged_decode", "paged_prefill", "write_kv", "simulator_enabled"]
 __all__ += ["BlockManager", "copy_blocks", "host_pool", "swap_blocks"]
 __all__ += ["CascadeDecodePlan", "cascade_decode"]
+__all__ += ["fp8_scales"]
 
 
 def simulator_enabled():

@@ -13,6 +13,13 @@ the caller means: ``ml_dtypes.bfloat16`` for a NumPy bf16 array or a
 * hands NumPy results back with :func:`to_host` ``(x, dtype)``, which views
   uint16 bits as bfloat16 when the logical dtype is bfloat16.
 
+PyTorch and CuPy results are allocated in the caller's library
+(:func:`zeros_like_input`) or viewed as its arrays without a copy
+(:func:`view_like_input`); neither library is imported unless the caller's
+array comes from it. Under the simulator, "device" memory is host memory:
+a CPU torch tensor there is taken as a device array (wrapped without a copy),
+as a CUDA tensor is on a GPU.
+
 >>> import ml_dtypes, numpy as np
 >>> x = np.array([1.0, -2.5], ml_dtypes.bfloat16)
 >>> d, from_host = as_device(x, "x")
@@ -31,13 +38,53 @@ _BITS = np.dtype(np.uint16)     # how bfloat16 is stored on the device
 
 
 def storage_dtype(dtype):
-    """The dtype of device arrays holding logical ``dtype``: uint16 for bfloat16."""
+    """The dtype of device arrays holding logical ``dtype``: uint16 for bfloat16,
+    uint8 for the fp8 formats (their codes)."""
     dtype = np.dtype(dtype)
-    return _BITS if dtype == BFLOAT16 else dtype
+    if dtype == BFLOAT16:
+        return _BITS
+    if dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        return np.dtype(np.uint8)
+    return dtype
 
 
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "dtype")
+
+
+def _is_cupy(x):
+    return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "dtype")
+
+
+def _torch_on_device(x):
+    """A torch tensor the kernels can read in place: a CUDA tensor, or under
+    the simulator a CPU one (the simulator's device memory is host memory)."""
+    return bool(getattr(x, "is_cuda", False)) or (
+        bool(config.ENABLE_CUDASIM) and getattr(x.device, "type", None) == "cpu")
+
+
+def _fake_device(host):
+    """A simulator device array viewing NumPy array ``host`` (no copy)."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray(host)
+
+
+def _torch_host_view(x):
+    """A NumPy view of CPU tensor ``x``'s memory (bfloat16 as its uint16 bits)."""
+    import torch
+
+    x = x.detach()
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view(_BITS)
+    return x.numpy()
+
+
+def torch_dtype(dtype):
+    """The torch dtype of logical NumPy ``dtype`` (bfloat16 included)."""
+    import torch
+
+    return getattr(torch, np.dtype(dtype).name)
 
 
 def logical_dtype(x):
@@ -56,7 +103,7 @@ def logical_dtype(x):
 def is_device_array(x):
     """True for numba device arrays and anything with ``__cuda_array_interface__``."""
     if _is_torch(x):     # (a bf16 tensor's __cuda_array_interface__ raises, not says no)
-        return bool(getattr(x, "is_cuda", False))
+        return _torch_on_device(x)
     if config.ENABLE_CUDASIM:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
@@ -70,9 +117,12 @@ def as_device(x, name):
     bfloat16 arrives as uint16 bit patterns: a NumPy ``ml_dtypes.bfloat16``
     array is copied as its uint16 view, a ``torch.bfloat16`` tensor is wrapped
     through an int16 view of the same memory (``__cuda_array_interface__`` has
-    no bf16) that the returned array keeps alive."""
+    no bf16) that the returned array keeps alive. Under the simulator a CPU
+    torch tensor is wrapped without a copy too."""
     if isinstance(x, np.ndarray):
         return cuda.to_device(host_bits(x)), True
+    if _is_torch(x) and config.ENABLE_CUDASIM and _torch_on_device(x):
+        return _fake_device(_torch_host_view(x)), False
     if _is_torch(x) and logical_dtype(x) == BFLOAT16 and getattr(x, "is_cuda", False):
         import torch
 
@@ -130,6 +180,48 @@ def zeros(shape, dtype):
 
         device_memset(arr, 0, arr.nbytes)
     return arr
+
+
+def zeros_like_input(x, shape, dtype):
+    """A zero-filled result ``shape`` of logical ``dtype`` in the library of
+    input ``x``: ``(device array the kernels write, the caller's result)``.
+    A torch tensor (on ``x``'s device) for torch input, a CuPy array for CuPy
+    input, else a numba device array (both members the same array)."""
+    if _is_torch(x) and _torch_on_device(x):
+        import torch
+
+        result = torch.zeros(tuple(shape), dtype=torch_dtype(dtype), device=x.device)
+        return as_device(result, "out")[0], result
+    if _is_cupy(x):
+        import cupy
+
+        with cupy.cuda.Device(x.device.id):
+            result = cupy.zeros(tuple(shape), storage_dtype(dtype))
+        return as_device(result, "out")[0], result
+    dev = zeros(shape, dtype)
+    return dev, dev
+
+
+def view_like_input(dev, x, dtype):
+    """Device array ``dev`` (logical ``dtype``) seen, without a copy, as an
+    array of input ``x``'s library: a torch tensor for torch input (sharing
+    ``dev``'s memory, which it keeps alive), a CuPy array for CuPy input, else
+    ``dev`` itself."""
+    bf16 = np.dtype(dtype) == BFLOAT16
+    if _is_torch(x) and _torch_on_device(x):
+        import torch
+
+        if config.ENABLE_CUDASIM:
+            host = dev._ary
+            t = torch.from_numpy(host.view(np.int16) if bf16 else host)
+        else:
+            t = torch.as_tensor(dev.view(np.int16) if bf16 else dev, device=x.device)
+        return t.view(torch.bfloat16) if bf16 else t
+    if _is_cupy(x):
+        import cupy
+
+        return cupy.asarray(dev)
+    return dev
 
 
 def sm_count(default=132):

@@ -113,13 +113,23 @@ class GroupDecode:
                                               (num_heads, num_seqs), 128,
                                               (out, lse, self.part_out, self.part_lse))
 
-    def launches(self, q, tables, lens):
-        """The packed launches (kernel, then merge where split) for these buffers."""
+    def launches(self, q, tables, lens, out=None, lse=None):
+        """The packed launches (kernel, then merge where split) for these
+        buffers, writing ``out``/``lse`` (default: the ones given at construction)."""
         c = self.cache
-        args = (self.part_out, self.part_lse, q, c.key_cache, c.value_cache, tables,
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
+        part_out, part_lse, merge = self.part_out, self.part_lse, self.merge
+        if self.num_parts == 1:
+            part_out, part_lse = out, lse
+        elif merge is not None and (out is not self.out or lse is not self.lse):
+            merge = _launch.PackedLaunch(merge_kernel(c.dtype.name), (self.num_heads,
+                                                                      self.num_seqs), 128,
+                                         (out, lse, part_out, part_lse))
+        args = (part_out, part_lse, q, c.key_cache, c.value_cache, tables,
                 *self._fixed, lens, *self._tiles, self._scale, np.int32(0), *self._variants)
         main = _launch.PackedLaunch(self.kernel, self.grid, 32 * self.num_warps, args)
-        return [main] + ([self.merge] if self.merge is not None else [])
+        return [main] + ([merge] if merge is not None else [])
 
     @property
     def scratch_bytes(self):

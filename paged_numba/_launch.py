@@ -23,6 +23,7 @@ counts them, so tests can tell that a rejected call launched nothing.
 import ctypes
 import functools
 
+import numpy as np
 from numba import config, cuda
 
 # the occupancy model lives with the kernels; these names are kept here too
@@ -46,21 +47,88 @@ def launch_count():
 
 
 def launch(dispatcher, grid, block, args, stream=0, shared=0):
-    """``dispatcher[grid, block, stream, shared](*args)``, counted by :func:`launch_count`."""
+    """``dispatcher[grid, block, stream, shared](*args)``, counted by :func:`launch_count`;
+    ``stream`` is anything :func:`stream_handle` accepts."""
     _launches[0] += 1
-    dispatcher[grid, block, stream, shared](*args)
+    dispatcher[grid, block, numba_stream(stream), shared](*args)
+
+
+STREAM_KINDS = ("None (the default stream), an int cudaStream_t, a numba stream, a PyTorch "
+                "stream (.cuda_stream), a CuPy stream (.ptr) or an object with __cuda_stream__")
 
 
 def stream_handle(stream):
-    """The ``cudaStream_t`` (an int) of ``None`` (the default stream), an int,
-    a numba stream, or an object with ``.cuda_stream`` (PyTorch)."""
+    """The ``cudaStream_t`` (an int) of a stream argument, after checking its kind.
+
+    Accepted: ``None`` (the default stream, 0), a non-negative int (a raw
+    handle), an object with ``__cuda_stream__`` (numba-cuda streams,
+    ``cuda.core``, recent PyTorch), with ``.cuda_stream`` (``torch.cuda.Stream``),
+    with ``.ptr`` (``cupy.cuda.Stream``), or with ``.handle`` (older numba
+    streams). Anything else is a ``TypeError`` naming it. Under the
+    simulator kernels run synchronously on the host, so every stream is
+    accepted and stands for the default one: the handle is then 0.
+
+    >>> stream_handle(None)
+    0
+    >>> stream_handle(7) == (0 if config.ENABLE_CUDASIM else 7)     # ignored by the simulator
+    True
+    >>> stream_handle("s0")
+    Traceback (most recent call last):
+        ...
+    TypeError: stream must be None (the default stream), an int cudaStream_t, a numba stream, a PyTorch stream (.cuda_stream), a CuPy stream (.ptr) or an object with __cuda_stream__, but got 's0' (str).
+    """
     if stream is None:
         return 0
-    if isinstance(stream, int):
+    if isinstance(stream, (bool, np.bool_)) or isinstance(stream, (float, str, bytes)):
+        handle = None
+    elif isinstance(stream, (int, np.integer)):
+        if stream < 0:
+            raise ValueError(f"stream must be a non-negative cudaStream_t, but got {int(stream)}.")
+        handle = int(stream)
+    elif hasattr(stream, "__cuda_stream__"):
+        handle = int(stream.__cuda_stream__()[1])
+    elif hasattr(stream, "cuda_stream"):
+        handle = int(stream.cuda_stream)
+    elif hasattr(stream, "ptr"):
+        handle = int(stream.ptr)
+    elif _is_simulator_stream(stream):
+        handle = 0
+    elif hasattr(stream, "handle"):
+        handle = int(getattr(stream.handle, "value", stream.handle) or 0)
+    else:
+        handle = None
+    if handle is None:
+        raise TypeError(f"stream must be {STREAM_KINDS}, but got {stream!r} "
+                        f"({type(stream).__name__}).")
+    return 0 if config.ENABLE_CUDASIM else handle
+
+
+def _is_simulator_stream(stream):
+    if not config.ENABLE_CUDASIM:
+        return False
+    from numba.cuda.simulator.api import stream as simulator_stream
+
+    return isinstance(stream, simulator_stream)
+
+
+_external = {}      # handle -> numba stream object wrapping it (it owns nothing)
+
+
+def numba_stream(stream):
+    """``stream`` (anything :func:`stream_handle` accepts) as numba's launch
+    configurations and copies take it: a numba stream as it is, 0 for the
+    default stream (and for every stream under the simulator), else a numba
+    wrapper of the handle (``cuda.external_stream``, made once per handle)."""
+    handle = stream_handle(stream)
+    if config.ENABLE_CUDASIM or handle == 0:
+        return 0
+    from numba.cuda.cudadrv.driver import Stream
+
+    if isinstance(stream, Stream):
         return stream
-    if hasattr(stream, "cuda_stream"):
-        return int(stream.cuda_stream)
-    return int(getattr(stream, "handle", None) or 0)
+    if handle not in _external:
+        _external[handle] = cuda.external_stream(handle)
+    return _external[handle]
 
 
 def allow_dynamic_shared(drv, cufunc, nbytes):

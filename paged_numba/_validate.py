@@ -44,6 +44,51 @@ def check_dtype(name, x, expected, what="the cache"):
             f"and {np.dtype(expected).name}.")
 
 
+def compute_dtype(name, x, cache):
+    """The logical dtype of the caller's array ``x`` (a query, or keys/values
+    to write) for ``cache``, checked: the cache's own dtype, except that an
+    fp8 cache takes float16, bfloat16 or float32 (a device ``uint16`` array
+    is bf16 bits)."""
+    from .fp8 import QUERY_DTYPES, is_fp8
+
+    if not is_fp8(cache.dtype):
+        check_dtype(name, x, cache.dtype)
+        return np.dtype(cache.dtype)
+    got = logical_dtype(x)
+    if got == storage_dtype(BFLOAT16) and not isinstance(x, np.ndarray):
+        got = BFLOAT16
+    if got.name not in QUERY_DTYPES:
+        raise ValueError(f"{name} for a {np.dtype(cache.dtype).name} cache must be one of "
+                         f"{QUERY_DTYPES}, but got {got.name}.")
+    return got
+
+
+def plan_query_dtype(cache, query_dtype):
+    """The query dtype a plan over ``cache`` takes (its output's dtype): the
+    cache's dtype; for an fp8 cache ``query_dtype`` (float16, bfloat16 or
+    float32; default float16)."""
+    from .fp8 import QUERY_DTYPES, is_fp8
+
+    if not is_fp8(cache.dtype):
+        if query_dtype is not None and not _is_dtype(query_dtype, cache.dtype):
+            raise ValueError(f"query_dtype must be the cache's dtype {np.dtype(cache.dtype).name} "
+                             f"(or None), but got {query_dtype!r}.")
+        return np.dtype(cache.dtype)
+    if query_dtype is None:
+        return np.dtype(np.float16)
+    if not any(_is_dtype(query_dtype, name) for name in QUERY_DTYPES):
+        raise ValueError(f"query_dtype for a {np.dtype(cache.dtype).name} cache must be one of "
+                         f"{QUERY_DTYPES}, but got {query_dtype!r}.")
+    return np.dtype(query_dtype)
+
+
+def _is_dtype(value, dtype):
+    try:
+        return np.dtype(value) == np.dtype(dtype)
+    except TypeError:
+        return False
+
+
 def check_head_size(head_size):
     if head_size % 8 or not 8 <= head_size <= MAX_HEAD_SIZE:
         raise ValueError(
@@ -64,7 +109,7 @@ def check_query(query, q, cache, meaning):
     rows, num_heads, head_size = shape_of(q)
     if num_heads < 1:
         raise ValueError(f"query must have at least one head, but got shape {shape_of(q)}.")
-    check_dtype("query", query, cache.dtype)
+    compute_dtype("query", query, cache)
     if head_size != cache.head_size:
         raise ValueError(
             f"query head_size must equal the cache's, but got {head_size} and {cache.head_size}.")

@@ -222,7 +222,10 @@ class BlockAllocator:
         return list(self._blocks)
 
     def __contains__(self, seq_id) -> bool:
-        return seq_id in self._blocks if isinstance(seq_id, Hashable) else False
+        try:
+            return seq_id in self._blocks
+        except TypeError:            # unhashable (a list, a tuple holding one): never a sequence id
+            return False
 
     def __len__(self) -> int:  # number of sequences
         return len(self._blocks)

@@ -5,6 +5,9 @@ from . import _arrays, _launch
 from . import _checks as C
 from . import _validate as V
 from ._group_decode import GroupDecode, group_parts, group_tile
+from .cache import kernel_scales
+from .interop import LikeInput, Results, plan_buffer
+from .interop import overlaps as _overlaps
 from .kernels import decode_tc
 from .kernels.decode import heads_per_block
 from .kernels.merge import merge_kernel
@@ -117,13 +120,16 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
 def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, return_lse=False, validate=True, pv_mma=None,
-                 key_rows=None):
+                 key_rows=None, out=None, lse=None, stream=None):
     """Decode attention over a paged KV cache: one query token per sequence.
 
     Parameters
     ----------
     query : array, ``[num_seqs, num_heads, head_size]``
-        NumPy or CUDA array (numba, PyTorch, CuPy) of the cache's dtype.
+        NumPy or CUDA array (numba, PyTorch, CuPy) of the cache's dtype; over
+        an fp8 cache, float16, bfloat16 or float32 (the output's dtype too):
+        the CUDA-core kernel reads the 8-bit codes and applies the cache's
+        ``k_scale``/``v_scale`` (:mod:`paged_numba.fp8`).
     cache : PagedKVCache
         Holds ``num_kv_heads`` heads; ``num_heads`` must be a multiple of it
         (GQA; ``num_kv_heads = 1`` is MQA).
@@ -161,12 +167,24 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         and groups of 32 or more heads run on): P @ V on tensor cores (default True), and the keys
         copied in whole rows and read by ``ldmatrix`` (default: in the unsplit
         kernel only). Both False give the kernel with P @ V in fp32 FMAs.
+    out : array, ``[num_seqs, num_heads, head_size]``, optional
+        Write the output here and return it: the query's dtype, C-contiguous,
+        a NumPy array for a NumPy query (filled after the launch), else a
+        device array (numba, PyTorch, CuPy; a tensor on the query's device)
+        sharing no memory with the query. Checked before any launch.
+    lse : array of float32, ``[num_seqs, num_heads]``, optional
+        Write the log-sum-exps here, as ``out`` (returned with ``return_lse``).
+    stream : optional
+        Launch on this stream: a numba, PyTorch (``torch.cuda.Stream``) or
+        CuPy stream, a raw ``cudaStream_t`` int, or None (the default stream).
+        Ignored under the simulator, which runs every kernel synchronously.
 
     Returns
     -------
     out : array, ``[num_seqs, num_heads, head_size]``
-        In the query's dtype; NumPy when the query is NumPy, else a numba
-        device array. A sequence with ``seq_len == 0`` gets zeros.
+        In the query's dtype and library: ``out`` when given, else NumPy for
+        a NumPy query, a torch tensor for a torch one (CuPy for CuPy), a
+        numba device array otherwise. A sequence with ``seq_len == 0`` gets zeros.
 
     Notes
     -----
@@ -194,6 +212,7 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     V.check_cache(cache)
     return_lse, validate = C.flag("return_lse", return_lse), C.flag("validate", validate)
     pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
+    handle = _launch.stream_handle(stream)
     q, from_host = _arrays.as_device(query, "query")
     num_seqs, num_heads, head_size = V.check_query(query, q, cache,
                                                    "[num_seqs, num_heads, head_size]")
@@ -212,8 +231,10 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         V.check_tables(tables_host, lens_host, cache.num_blocks, cache.block_size)
     scale = V.scale_of(scale, head_size)
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
-    out = _arrays.zeros((num_seqs, num_heads, head_size), cache.dtype)
-    lse = _arrays.zeros((num_seqs, num_heads), np.float32)
+    out_dtype = V.compute_dtype("query", query, cache)     # the cache's; fp8: the query's
+    results = Results(query, out, lse, (num_seqs, num_heads, head_size), out_dtype,
+                      (num_seqs, num_heads), () if from_host else (("query", q),))
+    out, lse = results.out, results.lse
     tile = group_tile(cache, num_heads)
     if tile is not None:       # MQA and groups of 32 or more: the prefill tile
         parts = group_parts(num_seqs, num_heads // tile, tables.shape[1] * cache.block_size,
@@ -222,10 +243,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         if num_seqs:
             for launch in GroupDecode(cache, num_seqs, num_heads, tile, parts, scale, variants,
                                       out, lse).launches(q, tables, lens):
-                launch()
-        if from_host:
-            out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
-        return (out, lse) if return_lse else out
+                launch(handle)
+        return results.finish(return_lse)
     hpb = heads_per_block(num_heads // cache.num_kv_heads)
     max_context = tables.shape[1] * cache.block_size
     num_warps, num_partitions, partition_size = launch_shape(
@@ -238,20 +257,18 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                                            key_rows=key_rows)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
-                np.int32(partition_size), *variants)
+                np.int32(partition_size), *variants, *kernel_scales(cache))
         if num_partitions == 1:
             _launch.PackedLaunch(kernel, grid, threads,
                                  (out.reshape(num_seqs, 1, num_heads, head_size),
-                                  lse.reshape(num_seqs, 1, num_heads), *args))()
+                                  lse.reshape(num_seqs, 1, num_heads), *args))(handle)
         else:
             part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
             part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
-            _launch.PackedLaunch(kernel, grid, threads, (part_out, part_lse, *args))()
-            _launch.launch(merge_kernel(cache.dtype.name), (num_heads, num_seqs), 128,
-                           (out, lse, part_out, part_lse))
-    if from_host:
-        out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
-    return (out, lse) if return_lse else out
+            _launch.PackedLaunch(kernel, grid, threads, (part_out, part_lse, *args))(handle)
+            _launch.launch(merge_kernel(out_dtype.name), (num_heads, num_seqs), 128,
+                           (out, lse, part_out, part_lse), stream=handle)
+    return results.finish(return_lse)
 
 
 class DecodePlan:
@@ -295,6 +312,10 @@ class DecodePlan:
         where it does not.
     pv_mma, key_rows : bool, optional
         The tensor-core kernel's variants, as in :func:`paged_decode`.
+    query_dtype : {"float16", "bfloat16", "float32"}, optional
+        For an fp8 cache: the dtype of the queries ``run`` gets and of its
+        output (default float16). Other caches take queries of their own
+        dtype only (None or that dtype).
 
     MQA and GQA groups of 32 or more query heads run on the tensor-core
     prefill tile with split-K (``paged_numba._group_decode``) wherever it
@@ -320,9 +341,10 @@ class DecodePlan:
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
-                 tensor_cores=None, pv_mma=None, key_rows=None):
+                 tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
+        self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
         tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
         pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
         num_seqs = C.integer("num_seqs", num_seqs, lo=0, hi=V.MAX_GRID_YZ)
@@ -336,6 +358,7 @@ class DecodePlan:
         self.scale = V.scale_of(scale, head_size)
         self._variants = _variants(self.num_heads, sliding_window, alibi_slopes, logits_soft_cap)
         self._inputs = None
+        self._like = LikeInput()
         self._decode = self._graph = self._group = None
         max_context = max(self.max_blocks * cache.block_size, 1)
         tile = group_tile(cache, num_heads, C.optional_flag("tensor_cores", tensor_cores))
@@ -348,7 +371,7 @@ class DecodePlan:
             unroll, stages, tensor_cores, pv_mma, key_rows)
         tuning = (self.num_warps, unroll, stages)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
-        self.out = _arrays.zeros((n, h, d), cache.dtype)
+        self.out = _arrays.zeros((n, h, d), self.query_dtype)
         self.lse = _arrays.zeros((n, h), np.float32)
         if p > 1:
             self.part_out = _arrays.zeros((n, p, h, d), np.float32)
@@ -359,7 +382,7 @@ class DecodePlan:
         self._kernel, self._threads, self.tensor_cores = _cache_launch(
             cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows)
         self._grid = (h // hpb, n, p)
-        self._merge = (_launch.PackedLaunch(merge_kernel(cache.dtype.name), (h, n), 128,
+        self._merge = (_launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))
                        if p > 1 and n else None)
 
@@ -386,7 +409,8 @@ class DecodePlan:
             return 0
         return (self.part_out.size + self.part_lse.size) * 4
 
-    def run(self, query, block_tables, seq_lens, *, stream=None, validate=False):
+    def run(self, query, block_tables, seq_lens, *, out=None, lse=None, stream=None,
+            validate=False):
         """Launch decode attention for this step.
 
         Parameters
@@ -394,29 +418,45 @@ class DecodePlan:
         query : device array, ``[num_seqs, num_heads, head_size]``
         block_tables : device array of int32, ``[num_seqs, max_blocks]``
         seq_lens : device array of int32, ``[num_seqs]``
+        out : device array, ``[num_seqs, num_heads, head_size]``, optional
+            Write the output here (the cache's dtype, C-contiguous, sharing no
+            memory with the query) and return it.
+        lse : device array of float32, ``[num_seqs, num_heads]``, optional
+            Write the log-sum-exps here (else into :attr:`lse`).
         stream : optional
-            numba stream, PyTorch stream, or raw ``cudaStream_t``; default stream if None.
+            A numba, PyTorch or CuPy stream, a raw ``cudaStream_t`` int, or
+            None (the default stream); ignored under the simulator.
         validate : bool
             Run :func:`paged_decode`'s checks first (copies tables to the host).
 
         Returns
         -------
         out : device array, ``[num_seqs, num_heads, head_size]``
-            Owned by the plan and overwritten by the next ``run``. With
-            split-K, :attr:`lse` holds the log-sum-exps ``[num_seqs, num_heads]``.
+            ``out`` when given; else the plan's own :attr:`out`, overwritten
+            by the next ``run`` (seen as a torch tensor for a torch query, a
+            CuPy array for a CuPy one, without a copy). :attr:`lse` holds the
+            log-sum-exps ``[num_seqs, num_heads]`` unless ``lse`` is given.
+
+        Notes
+        -----
+        New ``out``/``lse`` buffers are checked and packed like new inputs:
+        pass the same ones every step to keep the one-graph-launch path.
         """
         validate = C.flag("validate", validate)
-        inputs = (query, block_tables, seq_lens)
+        handle = _launch.stream_handle(stream)
+        inputs = (query, block_tables, seq_lens, out, lse)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
             self._pack(inputs)   # new buffers: checked (host copies) and packed once
         elif validate:
             self._check(inputs)
         if self.num_seqs:
-            self._graph(stream)
-        return self.out
+            self._graph(handle)
+        if out is not None:
+            return out
+        return self._like(self.out, query, self.query_dtype)
 
     def _check(self, inputs):
-        query, block_tables, seq_lens = inputs
+        query, block_tables, seq_lens, out, lse = inputs
         for name, x in zip(("query", "block_tables", "seq_lens"), inputs):
             if not _arrays.is_device_array(x):
                 raise TypeError(f"DecodePlan.run needs device arrays, but {name} is "
@@ -427,29 +467,43 @@ class DecodePlan:
             raise ValueError(f"query must be {list(expect)} for this plan, but got {V.shape_of(q)}.")
         if not q.is_c_contiguous():
             raise ValueError(f"query must be C-contiguous, but got strides {q.strides}.")
-        V.check_dtype("query", query, self.cache.dtype)
+        V.check_dtype("query", query, self.query_dtype)
         tables, tables_host = _int32_device("block_tables", block_tables, True)
         lens, lens_host = _int32_device("seq_lens", seq_lens, True)
         if V.shape_of(tables) != (self.num_seqs, self.max_blocks):
             raise ValueError(f"block_tables must be [{self.num_seqs}, {self.max_blocks}] for this "
                              f"plan, but got {V.shape_of(tables)}.")
         V.check_tables(tables_host, lens_host, self.cache.num_blocks, self.cache.block_size)
-        return q, tables, lens
+        n, h = self.num_seqs, self.num_heads
+        out = plan_buffer("out", out, expect, self.query_dtype, query, (("query", q),))
+        lse = plan_buffer("lse", lse, (n, h), np.float32, query, (("query", q),))
+        if out is not None and lse is not None and _overlaps(out, lse):
+            raise ValueError("out and lse share memory; they must be separate buffers.")
+        return q, tables, lens, out, lse
 
     def _pack(self, inputs):
-        q, tables, lens = self._check(inputs)
+        q, tables, lens, out, lse = self._check(inputs)
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
+        n, h, d = self.num_seqs, self.num_heads, self.cache.head_size
         if self._group is not None:
-            launches = self._group.launches(q, tables, lens)
+            launches = self._group.launches(q, tables, lens, out, lse)
             self._decode, self._graph = launches[0], _launch.GraphLaunch(launches)
             self._inputs = inputs
             return
-        args = (self.part_out, self.part_lse, q, self.cache.key_cache, self.cache.value_cache,
+        part_out, part_lse, merge = self.part_out, self.part_lse, self._merge
+        if self.num_partitions == 1:
+            part_out, part_lse = out.reshape(n, 1, h, d), lse.reshape(n, 1, h)
+        elif merge is not None and (out is not self.out or lse is not self.lse):
+            merge = _launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
+                                         (out, lse, part_out, part_lse))
+        args = (part_out, part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
-                *self._variants)
+                *self._variants, *kernel_scales(self.cache))
         self._decode = _launch.PackedLaunch(self._kernel, self._grid, self._threads, args)
         # one graph launch per run (decode, then the split-K merge): less host time
         self._graph = _launch.GraphLaunch(
-            [self._decode] + ([self._merge] if self._merge is not None else []))
+            [self._decode] + ([merge] if merge is not None else []))
         self._inputs = inputs
 
     def __repr__(self):

@@ -38,19 +38,13 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from .allocator import NO_BLOCK, OutOfBlocksError, _check_count, num_blocks_for, padded_block_table, slots_from_table
-from .prefix_cache import PrefixCache, block_keys
+from ._checks import flag, hashable, integer
+from .allocator import (NO_BLOCK, OutOfBlocksError, _check_count, _check_ids, num_blocks_for, padded_block_table,
+                        slots_from_table)
+from .prefix_cache import PrefixCache, block_keys, token_list
 from .swapping import Swapping
 
 __all__ = ["BlockManager", "NO_BLOCK", "OutOfBlocksError", "block_keys"]
-
-
-def _positive(name, value, allow_zero=False):
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
-            or value < 0 or (value == 0 and not allow_zero):
-        kind = "a non-negative int" if allow_zero else "a positive int"
-        raise ValueError(f"{name} must be {kind}, but got {value!r}")
-    return int(value)
 
 
 class BlockManager(Swapping):
@@ -79,7 +73,9 @@ class BlockManager(Swapping):
     Notes
     -----
     Every method either succeeds or raises and leaves the manager unchanged:
-    ``ValueError`` (naming the argument and its value) for bad arguments,
+    ``ValueError`` (naming the argument and its value) for bad arguments (an
+    unhashable sequence id included), ``TypeError`` for ``token_ids`` that are
+    not integers,
     :class:`OutOfBlocksError` when the device (or host) pool is too small.
 
     The pairs returned by :meth:`append`, :meth:`swap_out` and :meth:`swap_in`
@@ -122,12 +118,10 @@ class BlockManager(Swapping):
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_host_blocks: int = 0):
-        self._num_blocks = _positive("num_blocks", num_blocks)
-        self._block_size = _positive("block_size", block_size)
-        if not isinstance(enable_prefix_caching, (bool, np.bool_)):
-            raise ValueError(f"enable_prefix_caching must be a bool, but got {enable_prefix_caching!r}")
-        self._caching = bool(enable_prefix_caching)
-        self._num_host_blocks = _positive("num_host_blocks", num_host_blocks, allow_zero=True)
+        self._num_blocks = integer("num_blocks", num_blocks, lo=1)
+        self._block_size = integer("block_size", block_size, lo=1)
+        self._caching = flag("enable_prefix_caching", enable_prefix_caching)
+        self._num_host_blocks = integer("num_host_blocks", num_host_blocks, lo=0)
         self.free_block_ids: deque[int] = deque(range(self._num_blocks))
         self.free_host_block_ids: deque[int] = deque(range(self._num_host_blocks))
         self._ref = [0] * self._num_blocks
@@ -183,7 +177,10 @@ class BlockManager(Swapping):
         return list(self._blocks)
 
     def __contains__(self, seq_id) -> bool:
-        return seq_id in self._blocks or seq_id in self._host
+        try:
+            return seq_id in self._lens
+        except TypeError:            # unhashable: never a sequence id
+            return False
 
     def __len__(self) -> int:   # resident + swapped sequences
         return len(self._blocks) + len(self._host)
@@ -205,21 +202,18 @@ class BlockManager(Swapping):
     def _check_tokens(self, token_ids, num_tokens, name="token_ids"):
         if token_ids is None:
             return None
-        tokens = [int(t) for t in token_ids]
+        tokens = token_list(name, token_ids)
         if len(tokens) != num_tokens:
             raise ValueError(f"{name} must have {num_tokens} entries (one per token), but got "
                              f"{len(tokens)}")
         return tokens
 
     def _plan_allocate(self, seq_id, num_tokens, token_ids, extra_key):
-        if seq_id in self:
+        if hashable("seq_id", seq_id) in self:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
         num_tokens = _check_count(num_tokens, "num_tokens")
         tokens = self._check_tokens(token_ids, num_tokens)
-        try:
-            hash(extra_key)
-        except TypeError:
-            raise ValueError(f"extra_key must be hashable, but got {extra_key!r}") from None
+        hashable("extra_key", extra_key)
         needed = num_blocks_for(num_tokens, self._block_size)
         keys, hits = [], []
         if self._caching and tokens is not None:
@@ -251,8 +245,9 @@ class BlockManager(Swapping):
             A new id (not resident, not swapped out).
         num_tokens : int
             Tokens of the prompt (>= 0).
-        token_ids : sequence of int, ``[num_tokens]``, optional
-            The prompt. With prefix caching on, the sequence then takes part in
+        token_ids : array or sequence of int, ``[num_tokens]``, optional
+            The prompt: a 1-D NumPy integer array or a list (tuple, range) of
+            ints; floats, bools and strings raise ``TypeError``. With prefix caching on, the sequence then takes part in
             it: its longest cached prefix of full blocks is reused (never all
             ``num_tokens``: at least the last token is left to compute), its new
             full blocks are entered in the cache, and :meth:`append` needs the
@@ -290,10 +285,9 @@ class BlockManager(Swapping):
         Nothing is copied now; the first append into a shared, partly full block
         copies that block (:meth:`append`).
         """
-        self._check_seq(parent)
-        if child in self:
+        self._check_seq(parent, "parent")
+        if hashable("child", child) in self:
             raise ValueError(f"sequence {child!r} is already allocated")
-        hash(child)
         for b in self._blocks[parent]:
             self._incref(b)
         self._blocks[child] = list(self._blocks[parent])
@@ -330,8 +324,9 @@ class BlockManager(Swapping):
         sequence's last block is shared and partly full, it gets a fresh block
         ``dst``, and the caller copies block ``src`` to it
         (:func:`~paged_numba.blocks.copy_blocks`) before writing the new tokens.
-        ``token_ids`` (``[num_new_tokens]``) are required for a sequence that takes
-        part in prefix caching; blocks they fill are entered in the cache.
+        ``token_ids`` (``[num_new_tokens]``, integers as for :meth:`allocate`) are
+        required for a sequence that takes part in prefix caching; blocks they
+        fill are entered in the cache.
 
         Examples
         --------
@@ -405,6 +400,7 @@ class BlockManager(Swapping):
     def slot_mapping(self, seq_id, start: int, end: int) -> np.ndarray:
         """Slots of token positions ``[start, end)`` of resident ``seq_id``, int64 ``[end - start]``."""
         n = self._lens[self._check_seq(seq_id)]
+        start, end = integer("start", start), integer("end", end)
         if not 0 <= start <= end <= n:
             raise ValueError(f"need 0 <= start <= end <= seq_len, but got {start=}, {end=}, seq_len={n}")
         return slots_from_table(self._blocks[seq_id], np.arange(start, end), self._block_size)
@@ -422,16 +418,17 @@ class BlockManager(Swapping):
 
     # -- helpers ------------------------------------------------------------------------
     def _ids(self, seq_ids):
-        return list(self._blocks) if seq_ids is None else list(seq_ids)
+        return list(self._blocks) if _check_ids(seq_ids) is None else list(seq_ids)
 
-    def _check_known(self, seq_id):
-        if seq_id not in self._lens:
+    def _check_known(self, seq_id, name="seq_id"):
+        """``seq_id`` is a hashable id of a resident or swapped-out sequence."""
+        if hashable(name, seq_id) not in self._lens:
             raise ValueError(f"unknown sequence id {seq_id!r}")
         return seq_id
 
-    def _check_seq(self, seq_id):
+    def _check_seq(self, seq_id, name="seq_id"):
         """``seq_id`` is resident."""
-        if self._check_known(seq_id) in self._host:
+        if self._check_known(seq_id, name) in self._host:
             raise ValueError(f"sequence {seq_id!r} is swapped out; swap_in first")
         return seq_id
 

@@ -12,6 +12,7 @@ import numpy as np
 from numba import config, cuda
 
 from ._arrays import logical_dtype, storage_dtype
+from ._launch import launch, numba_stream
 from .kernels.copy_blocks import copy_blocks_kernel
 
 MAX_THREADS = 128
@@ -99,8 +100,10 @@ def copy_blocks(cache, pairs, *, stream=None):
         ``(src, dst)`` physical block ids, each in ``[0, num_blocks)``. No
         destination may appear twice, and no block may be both a source and
         a destination in one call (the pairs are copied concurrently).
-    stream : numba stream, optional
-        Launch on this stream (default: the default stream).
+    stream : optional
+        Launch on this stream: a numba, PyTorch or CuPy stream, a raw
+        ``cudaStream_t`` int, or None (the default stream); ignored under the
+        simulator.
 
     Raises
     ------
@@ -124,6 +127,7 @@ def copy_blocks(cache, pairs, *, stream=None):
     ValueError: block 2 is both a source (pairs[1, 0]) and a destination (pairs[0, 1]); the pairs of one call are copied concurrently, so split them into two calls.
     """
     _check_cache(cache)
+    stream = numba_stream(stream)
     arr = check_pairs(pairs, cache.num_blocks, cache.num_blocks, same_pool=True)
     if arr.shape[0] == 0:
         return
@@ -135,9 +139,8 @@ def copy_blocks(cache, pairs, *, stream=None):
         vec = 1
     threads = min(MAX_THREADS, 32 * -(-(elems // vec) // 32))
     kernel = copy_blocks_kernel(vec, has_value)
-    stream = 0 if stream is None else stream
     d_pairs = cuda.to_device(arr.astype(np.int32), stream=stream)
-    kernel[(arr.shape[0], k.shape[0]), threads, stream](k, v, d_pairs)
+    launch(kernel, (arr.shape[0], k.shape[0]), threads, (k, v, d_pairs), stream=stream)
 
 
 def host_pool_shape(cache, num_blocks):
@@ -225,10 +228,12 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     pairs : array_like of int, ``[num_pairs, 2]``
         ``(src_block, dst_block)``: source ids in the source's range, destination
         ids in the destination's, no destination twice.
-    stream : numba stream, optional
-        Copy asynchronously on this stream (the host pool must then be pinned,
-        as :func:`host_pool` makes it, and stay alive until the stream is
-        synchronised); default: synchronous copies.
+    stream : optional
+        Copy asynchronously on this stream (a numba, PyTorch or CuPy stream,
+        or a raw ``cudaStream_t`` int; the host pool must then be pinned, as
+        :func:`host_pool` makes it, and stay alive until the stream is
+        synchronised); default None: synchronous copies. Ignored under the
+        simulator.
 
     Raises
     ------
@@ -262,6 +267,7 @@ def swap_blocks(src, dst, pairs, *, stream=None):
         raise TypeError(f"swap_blocks copies between a PagedKVCache and a NumPy host pool, but "
                         f"got {type(src).__name__} and {type(dst).__name__}.")
     _check_cache(cache)
+    stream = numba_stream(stream)
     host = _check_host_pool(dst if out else src, cache, "dst" if out else "src")
     num_host = host.shape[0]
     arr = check_pairs(pairs, cache.num_blocks if out else num_host,
@@ -273,7 +279,6 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     host = host.reshape(num_host, k.shape[0], 2 * _block_elems(cache))   # [.., layer, K|V]
     pools = (k, v) if has_value else (k,)
     half = k.shape[2]
-    stream = 0 if stream is None else stream
     for s, d in arr.tolist():
         dev_b, host_b = (s, d) if out else (d, s)
         for layer in range(k.shape[0]):

@@ -3,7 +3,10 @@ import numpy as np
 
 from . import _arrays
 from . import _checks as C
+from . import fp8 as _fp8
 from .layouts import DTYPES, cache_shapes, check_layout, from_nhd, infer_geometry, to_nhd
+
+CACHE_DTYPES = DTYPES + _fp8.FP8_DTYPES     # fp8: uint8 codes on the device, with scales
 
 
 def _positive_int(name, value):
@@ -11,14 +14,28 @@ def _positive_int(name, value):
 
 
 def _cache_dtype(dtype):
-    """The numpy dtype of ``dtype`` if it names one of :data:`layouts.DTYPES`."""
+    """The numpy dtype of ``dtype`` if it names one of :data:`CACHE_DTYPES`."""
     try:
         dt = np.dtype(dtype)
     except TypeError:                # not a dtype at all ("foo", an object)
         dt = None
-    if dtype is None or dt is None or dt.name not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, but got {dtype!r}.")
+    if dtype is None or dt is None or dt.name not in CACHE_DTYPES:
+        raise ValueError(f"dtype must be one of {CACHE_DTYPES}, but got {dtype!r}.")
     return dt
+
+
+def _bits(x):
+    """A C-contiguous host pool as the device stores it: fp8 as its uint8 codes,
+    bfloat16 as uint16."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.uint8) if _fp8.is_fp8(x.dtype) else _arrays.host_bits(x)
+
+
+def kernel_scales(cache):
+    """The kernels' trailing scale arguments for ``cache``: ``(kv_scales,)``, the
+    device array ``[2, num_kv_heads]`` float32 of K's and V's scales, for an
+    fp8 cache; ``()`` for the others."""
+    return (cache.kv_scales,) if _fp8.is_fp8(cache.dtype) else ()
 
 
 class PagedKVCache:
@@ -34,10 +51,16 @@ class PagedKVCache:
         Key/value heads.
     head_size : int
         Elements per head.
-    dtype : {"float16", "float32", "bfloat16"}
+    dtype : {"float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
         Element type of keys and values. ``"bfloat16"`` pools hold the bf16 bit
         patterns in ``uint16`` device arrays; on the host (``to_host``,
         ``gather``, ``from_host``) they are ``ml_dtypes.bfloat16`` arrays.
+        The fp8 formats (:mod:`paged_numba.fp8`) hold ``uint8`` codes on the
+        device and ``ml_dtypes.float8_*`` arrays on the host: the *stored*
+        values ``q``, meaning ``q * scale`` (:func:`paged_numba.fp8.dequantize`);
+        ``head_size`` must be a multiple of 16 (one 16-byte vector is 16
+        elements). ``write_kv`` quantises fp16/bf16/fp32 input, and decode
+        reads the codes and takes fp16/bf16/fp32 queries.
     layout : {"nhd", "vllm", "hnd", "interleaved"}
         ``"nhd"``: key and value ``[num_blocks, block_size, num_kv_heads, head_size]``.
         ``"vllm"``: key ``[num_blocks, num_kv_heads, head_size // x, block_size, x]``
@@ -52,13 +75,22 @@ class PagedKVCache:
         block table for every layer, as in vLLM). Kernels take one layer at
         a time: :meth:`layer` returns a cache that views layer ``i``'s pools
         without a copy.
+    k_scale, v_scale : float or array of float32, ``[num_kv_heads]``, keyword-only
+        fp8 caches only: the scale of keys and of values, one for the tensor
+        (default 1.0) or one per KV head; finite and positive in float32.
+        Shared by every layer of a layered cache. They can be set later (the
+        same checks apply; plans see the new values), but stored codes are
+        not re-quantised: set them before writing.
 
     Attributes
     ----------
     key_cache, value_cache : device arrays
         The pools, zero-initialised, in ``layout`` (``uint16`` for bfloat16).
     dtype : numpy.dtype
-        The logical element type (``ml_dtypes.bfloat16`` for bfloat16).
+        The logical element type (``ml_dtypes.bfloat16`` for bfloat16,
+        ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` for fp8).
+    kv_scales : device array, ``[2, num_kv_heads]`` float32
+        fp8 caches: ``k_scale`` and ``v_scale`` per KV head, as the kernels read them.
 
     Examples
     --------
@@ -76,10 +108,18 @@ class PagedKVCache:
     >>> model = PagedKVCache(4, 16, 2, 64, num_layers=3)      # [num_layers, num_blocks, ...]
     >>> model.key_cache.shape, model.layer(2).key_cache.shape
     ((3, 4, 16, 2, 64), (4, 16, 2, 64))
+    >>> f8 = PagedKVCache(4, 16, 2, 64, dtype="float8_e4m3fn", layout="vllm", k_scale=0.5)
+    >>> f8.key_cache.dtype, f8.key_cache.shape, f8.nbytes           # x = 16 // 1 = 16
+    (dtype('uint8'), (4, 2, 4, 16, 16), 16384)
+    >>> f8.k_scale, f8.v_scale
+    (0.5, 1.0)
+    >>> f8.v_scale = [0.25, 2.0]                                    # one per KV head
+    >>> f8.kv_scales.copy_to_host().tolist()
+    [[0.5, 0.5], [0.25, 2.0]]
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_size,
-                 dtype="float16", layout="nhd", num_layers=None):
+                 dtype="float16", layout="nhd", num_layers=None, *, k_scale=None, v_scale=None):
         self.num_blocks = _positive_int("num_blocks", num_blocks)
         self.block_size = _positive_int("block_size", block_size)
         self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
@@ -87,14 +127,26 @@ class PagedKVCache:
         self.dtype = _cache_dtype(dtype)
         check_layout(layout)
         self.layout = layout
+        fp8 = _fp8.is_fp8(self.dtype)
+        if fp8 and self.head_size % 16:
+            raise ValueError(f"an fp8 cache needs head_size to be a multiple of 16 (one 16-byte "
+                             f"vector), but got head_size={self.head_size}.")
+        if not fp8 and (k_scale is not None or v_scale is not None):
+            raise ValueError(f"k_scale and v_scale apply to fp8 caches only, but dtype is "
+                             f"{self.dtype.name}.")
+        scales = (_fp8.check_scale("k_scale", 1.0 if k_scale is None else k_scale, self.num_kv_heads),
+                  _fp8.check_scale("v_scale", 1.0 if v_scale is None else v_scale, self.num_kv_heads))
         self.key_shape, self.value_shape = cache_shapes(
             layout, self.num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.dtype)
         self.num_layers = None if num_layers is None else _positive_int("num_layers", num_layers)
         lead = () if num_layers is None else (self.num_layers,)
-        self.key_cache = _arrays.zeros(lead + self.key_shape, self.dtype)
+        store = np.uint8 if fp8 else self.dtype
+        self.key_cache = _arrays.zeros(lead + self.key_shape, store)
         # "interleaved" keeps K and V of a block in one buffer: both names share the pool
         self.value_cache = (self.key_cache if layout == "interleaved"
-                            else _arrays.zeros(lead + self.value_shape, self.dtype))
+                            else _arrays.zeros(lead + self.value_shape, store))
+        if fp8:
+            self._set_scales(*scales)
 
     def layer(self, i):
         """The cache of layer ``i`` of a ``num_layers`` cache: same geometry,
@@ -112,8 +164,9 @@ class PagedKVCache:
         return view
 
     @classmethod
-    def from_host(cls, key_cache, value_cache, layout="nhd"):
-        """A cache holding copies of host pools ``key_cache``/``value_cache`` in ``layout``."""
+    def from_host(cls, key_cache, value_cache, layout="nhd", *, k_scale=None, v_scale=None):
+        """A cache holding copies of host pools ``key_cache``/``value_cache`` in ``layout``
+        (for fp8 pools, the stored codes as ``ml_dtypes`` arrays, and their scales)."""
         key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
         if key_cache.dtype != value_cache.dtype:
             raise ValueError(
@@ -124,11 +177,57 @@ class PagedKVCache:
             raise ValueError("layout 'interleaved' has one pool: pass it as both key_cache and "
                              "value_cache.")
         geometry = infer_geometry(key_cache.shape, value_cache.shape, layout, key_cache.dtype)
-        cache = cls(*geometry, dtype=key_cache.dtype, layout=layout)
-        cache.key_cache.copy_to_device(_arrays.host_bits(key_cache))
+        cache = cls(*geometry, dtype=key_cache.dtype, layout=layout, k_scale=k_scale,
+                    v_scale=v_scale)
+        cache.key_cache.copy_to_device(_bits(key_cache))
         if layout != "interleaved":      # there the one pool holds both
-            cache.value_cache.copy_to_device(_arrays.host_bits(value_cache))
+            cache.value_cache.copy_to_device(_bits(value_cache))
         return cache
+
+    @classmethod
+    def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None):
+        """A cache over existing device pools, without a copy.
+
+        Parameters
+        ----------
+        key_cache, value_cache : device arrays
+            The pools in ``layout``'s shapes (see the class docstring), with a
+            leading ``[num_layers]`` axis when ``num_layers`` is given:
+            numba device arrays, PyTorch or CuPy tensors, or anything with
+            ``__cuda_array_interface__`` or DLPack; float16, float32 or
+            bfloat16 (``torch.bfloat16``, or uint16 device arrays of its
+            bits), C-contiguous, 16-byte aligned, both of one dtype (and of
+            one shape but in ``"vllm"``). ``"interleaved"``: the one pool twice.
+            Under the simulator NumPy arrays and CPU torch tensors are the
+            device arrays.
+        layout : {"nhd", "vllm", "hnd", "interleaved"}
+        num_layers : int, optional
+            A layered cache, as ``PagedKVCache(..., num_layers=L)``.
+
+        Returns
+        -------
+        PagedKVCache
+            Its ``key_cache``/``value_cache`` view the caller's memory, so
+            writes through the kernels land there; it keeps references to
+            the caller's objects, which keep ownership.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from numba import cuda
+        >>> from paged_numba import PagedKVCache, write_kv
+        >>> k = cuda.to_device(np.zeros((4, 8, 1, 16), np.float16))   # [num_blocks, block_size, kv_heads, head]
+        >>> v = cuda.to_device(np.zeros((4, 8, 1, 16), np.float16))
+        >>> cache = PagedKVCache.from_device(k, v)
+        >>> cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_size
+        (4, 8, 1, 16)
+        >>> write_kv(cache, np.ones((1, 1, 16), np.float16), np.ones((1, 1, 16), np.float16), [9])
+        >>> float(k.copy_to_host()[1, 1, 0, 0])                    # slot 9 = block 1, offset 1
+        1.0
+        """
+        from .interop import from_device
+
+        return from_device(cls, key_cache, value_cache, layout, num_layers)
 
     @property
     def num_slots(self):
@@ -151,7 +250,73 @@ class PagedKVCache:
 
     def _host(self, pool):
         """A copy of device ``pool`` (or a slice of it) in the logical dtype."""
+        if _fp8.is_fp8(self.dtype):
+            return _arrays.to_host(pool).view(self.dtype)
         return _arrays.to_host(pool, self.dtype)
+
+    # -- fp8 scales: host values and their device copy, shared by layer views
+
+    def _scale_state(self):
+        if not _fp8.is_fp8(self.dtype):
+            return None
+        if "_scales" not in self.__dict__:       # a cache made without __init__
+            self._set_scales(np.float32(1.0), np.float32(1.0))
+        return self._scales
+
+    def _set_scales(self, k, v):
+        """Store checked scales ``k``, ``v`` (float32 scalars or ``[num_kv_heads]``)
+        and copy them into :attr:`kv_scales` (in place, so packed launches see them)."""
+        state = self.__dict__.get("_scales")
+        rows = np.empty((2, self.num_kv_heads), np.float32)
+        rows[0], rows[1] = k, v
+        if state is None:
+            # one dict for the cache and its layer views: a setter on either updates both
+            self._scales = {"k": k, "v": v, "device": _arrays.as_device(rows, "kv_scales")[0]}
+        else:
+            state["device"].copy_to_device(rows)
+            state["k"], state["v"] = k, v
+
+    def _scale_value(self, which):
+        state = self._scale_state()
+        if state is None:
+            return 1.0
+        s = state[which]
+        return float(s) if np.ndim(s) == 0 else s.copy()
+
+    def _put_scale(self, which, value):
+        state = self._scale_state()
+        name = f"{which}_scale"
+        if state is None:
+            raise ValueError(f"{name} applies to fp8 caches only, but dtype is {self.dtype.name}.")
+        s = _fp8.check_scale(name, value, self.num_kv_heads)
+        self._set_scales(*((s, state["v"]) if which == "k" else (state["k"], s)))
+
+    @property
+    def k_scale(self):
+        """Scale of the stored keys (fp8): a float, or float32 ``[num_kv_heads]``;
+        1.0 for other dtypes. Settable on fp8 caches (``ValueError`` for a
+        value that is not finite and positive, or of the wrong shape)."""
+        return self._scale_value("k")
+
+    @k_scale.setter
+    def k_scale(self, value):
+        self._put_scale("k", value)
+
+    @property
+    def v_scale(self):
+        """Scale of the stored values; as :attr:`k_scale`."""
+        return self._scale_value("v")
+
+    @v_scale.setter
+    def v_scale(self, value):
+        self._put_scale("v", value)
+
+    @property
+    def kv_scales(self):
+        """Device array ``[2, num_kv_heads]`` float32: row 0 K's scale of each KV
+        head, row 1 V's (fp8 caches; None for others)."""
+        state = self._scale_state()
+        return None if state is None else state["device"]
 
     def gather(self, block_table_row, seq_len):
         """Un-page one sequence: its keys and values in token order.
@@ -198,6 +363,8 @@ class PagedKVCache:
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
                 f"dtype={self.dtype.name}, layout={self.layout!r}, slots={self.num_slots}, "
+                + (f"k_scale={self.k_scale}, v_scale={self.v_scale}, "
+                   if _fp8.is_fp8(self.dtype) else "")
                 + (f"num_layers={self.num_layers} x " if self.num_layers else "")
                 + f"key{list(self.key_shape)} + value{list(self.value_shape)} = "
                 f"{self.nbytes} bytes ({mib:.2f} MiB))")

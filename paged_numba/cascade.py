@@ -45,6 +45,7 @@ from . import _arrays, _launch
 from . import _checks as C
 from . import _validate as V
 from .attention import DecodePlan, _int32_device
+from .interop import LikeInput, Results, overlaps, plan_buffer
 from .kernels.merge import merge_kernel
 from .prefill import PrefillPlan, uses_tensor_cores
 
@@ -215,6 +216,9 @@ class CascadeDecodePlan:
                  tensor_cores=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
+        if cache.dtype.name.startswith("float8"):
+            raise ValueError(f"cascade decode does not take fp8 caches yet, but dtype is "
+                             f"{cache.dtype.name}; paged_decode and paged_prefill do.")
         self.num_seqs = n = _count("num_seqs", num_seqs)
         self.num_heads = h = _count("num_heads", num_heads, allow_zero=False)
         V.check_heads(h, cache)
@@ -234,6 +238,7 @@ class CascadeDecodePlan:
                                   logits_soft_cap=logits_soft_cap, num_partitions=num_partitions,
                                   tensor_cores=tensor_cores)
         self._prefix = None
+        self._like, self._targets = LikeInput(), None
         self.prefix_chunks = self.prefix_parts = 0
         if not (self.shared_len and n):
             self.out, self.lse = self._suffix.out, self._suffix.lse
@@ -278,7 +283,8 @@ class CascadeDecodePlan:
             return 0
         return self._prefix.num_tiles * (self.num_heads // self._prefix.heads_per_block)
 
-    def run(self, query, block_tables, seq_lens, *, stream=None, validate=False):
+    def run(self, query, block_tables, seq_lens, *, out=None, lse=None, stream=None,
+            validate=False):
         """Launch cascade decode for this step.
 
         Parameters
@@ -289,8 +295,14 @@ class CascadeDecodePlan:
         seq_lens : device array of int32, ``[num_seqs]``
             Suffix tokens of each sequence, the new one included (0: the
             sequence attends the prefix alone).
+        out : device array, ``[num_seqs, num_heads, head_size]``, optional
+            Write the output here (the cache's dtype, C-contiguous, sharing no
+            memory with the query) and return it.
+        lse : device array of float32, ``[num_seqs, num_heads]``, optional
+            Write the log-sum-exps here (else into :attr:`lse`).
         stream : optional
-            numba stream, PyTorch stream, or raw ``cudaStream_t``; default stream if None.
+            A numba, PyTorch or CuPy stream, a raw ``cudaStream_t`` int, or
+            None (the default stream); ignored under the simulator.
         validate : bool
             Check the suffix tables again (host copies) even when the buffers
             are the ones already packed.
@@ -298,20 +310,45 @@ class CascadeDecodePlan:
         Returns
         -------
         out : device array, ``[num_seqs, num_heads, head_size]``
-            Owned by the plan and overwritten by the next ``run``;
+            ``out`` when given; else the plan's own, overwritten by the next
+            ``run`` (seen as a torch tensor for a torch query, CuPy for CuPy);
             :attr:`lse` ``[num_seqs, num_heads]`` float32 holds the
-            log-sum-exps over prefix and suffix.
+            log-sum-exps over prefix and suffix unless ``lse`` is given.
         """
-        suffix_out = self._suffix.run(query, block_tables, seq_lens, stream=stream,
-                                      validate=validate)
+        handle = _launch.stream_handle(stream)
         if self._prefix is None:
-            return suffix_out
-        self._prefix.run(query, self._shared_tables, stream=stream)
+            return self._suffix.run(query, block_tables, seq_lens, out=out, lse=lse,
+                                    stream=handle, validate=validate)
+        merge = self._merge_into(query, out, lse)
+        self._suffix.run(query, block_tables, seq_lens, stream=handle, validate=validate)
+        self._prefix.run(query, self._shared_tables, stream=handle)
         # -- gather both states (the plans own their outputs), then merge them
         for copy in self._gather:
-            copy(stream)
-        self._merge(stream)
-        return self.out
+            copy(handle)
+        merge(handle)
+        if out is not None:
+            return out
+        return self._like(self.out, query, self.cache.dtype)
+
+    def _merge_into(self, query, out, lse):
+        """The merge launch writing ``out``/``lse`` (checked when they change)."""
+        if (out is None or out is self.out) and (lse is None or lse is self.lse):
+            return self._merge
+        if self._targets is not None and self._targets[0] is out and self._targets[1] is lse:
+            return self._targets[2]
+        q = _arrays.as_device(query, "query")[0]
+        n, h, d = self.num_seqs, self.num_heads, self.cache.head_size
+        out_dev = plan_buffer("out", out, (n, h, d), self.cache.dtype, query, (("query", q),))
+        lse_dev = plan_buffer("lse", lse, (n, h), np.float32, query, (("query", q),))
+        if out_dev is not None and lse_dev is not None and overlaps(out_dev, lse_dev):
+            raise ValueError("out and lse share memory; they must be separate buffers.")
+        threads = self._merge.block
+        merge = _launch.PackedLaunch(
+            merge_kernel(self.cache.dtype.name, self.cache.dtype.name, threads), (h, n), threads,
+            (self.out if out_dev is None else out_dev, self.lse if lse_dev is None else lse_dev,
+             *self._merge.args[2:]))
+        self._targets = (out, lse, merge)
+        return merge
 
     def __repr__(self):
         return (f"CascadeDecodePlan(num_seqs={self.num_seqs}, num_heads={self.num_heads}, "
@@ -323,7 +360,8 @@ class CascadeDecodePlan:
 
 def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, seq_lens,
                    scale=None, *, logits_soft_cap=None, num_partitions=None, prefix_parts=None,
-                   return_lse=False, validate=True, tensor_cores=None):
+                   return_lse=False, validate=True, tensor_cores=None, out=None, lse=None,
+                   stream=None):
     """Decode attention for a batch that shares a prefix: the prefix once, the
     suffixes apart, merged by log-sum-exp (see the module docstring).
 
@@ -365,12 +403,20 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
         (copies device tables to the host). Turn off only in benchmarks.
     tensor_cores : bool, optional
         As in :class:`CascadeDecodePlan`.
+    out, lse : arrays, optional
+        ``[num_seqs, num_heads, head_size]`` and float32 ``[num_seqs,
+        num_heads]``: written in place and returned, as in
+        :func:`~paged_numba.paged_decode`.
+    stream : optional
+        A numba, PyTorch or CuPy stream, a raw ``cudaStream_t`` int, or None
+        (the default stream); ignored under the simulator.
 
     Returns
     -------
     out : array, ``[num_seqs, num_heads, head_size]``
-        In the query's dtype; NumPy when the query is NumPy, else a numba
-        device array.
+        In the query's dtype and library: ``out`` when given, else NumPy for
+        a NumPy query, a torch tensor for a torch one (CuPy for CuPy), a
+        numba device array otherwise.
 
     Notes
     -----
@@ -406,6 +452,7 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
     ValueError: shared_len = 8 needs 2 blocks of 4 tokens, but shared_block_table has only 1 entries.
     """
     V.check_cache(cache)
+    handle = _launch.stream_handle(stream)
     q, from_host = _arrays.as_device(query, "query")
     num_seqs, num_heads, _ = V.check_query(query, q, cache, "[num_seqs, num_heads, head_size]")
     table = check_shared_table(shared_block_table, shared_len, cache)
@@ -423,8 +470,8 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
                              scale=scale, logits_soft_cap=logits_soft_cap,
                              num_partitions=num_partitions, prefix_parts=prefix_parts,
                              tensor_cores=tensor_cores)
-    out = plan.run(q, tables, lens)
-    lse = plan.lse
-    if from_host:
-        out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
-    return (out, lse) if return_lse else out
+    results = Results(query, out, lse, (num_seqs, num_heads, cache.head_size), cache.dtype,
+                      (num_seqs, num_heads), () if from_host else (("query", q),),
+                      spare=(plan.out, plan.lse))
+    plan.run(q, tables, lens, out=results.out, lse=results.lse, stream=handle)
+    return results.finish(return_lse)

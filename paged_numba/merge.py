@@ -5,10 +5,11 @@ import numpy as np
 from . import _arrays, _launch
 from . import _checks as C
 from . import _validate as V
+from .interop import Results
 from .kernels.merge import merge_kernel
 
 
-def merge_states(v, s, *, validate=True):
+def merge_states(v, s, *, out=None, lse=None, stream=None, validate=True):
     """Merge partial attention states with the (m, l) rule.
 
     State ``k`` of row ``i`` is attention over one part of the keys: its
@@ -21,10 +22,22 @@ def merge_states(v, s, *, validate=True):
         float16, float32 or bfloat16 partial outputs.
     s : array of float32, ``[num_rows, num_states, num_heads]``
         Their log-sum-exps; ``-inf`` marks an empty state.
+    out : array, ``[num_rows, num_heads, head_size]``, optional
+        Write the merged output here (``v``'s dtype, C-contiguous; a NumPy
+        array for NumPy ``v``, else a device array) and return it.
+    lse : array of float32, ``[num_rows, num_heads]``, optional
+        Write the merged log-sum-exps here, as ``out``.
+    stream : optional
+        A numba, PyTorch or CuPy stream, a raw ``cudaStream_t`` int, or None
+        (ignored under the simulator).
+    validate : bool
+        Check the shapes and dtypes of ``v`` and ``s`` first.
 
     Returns
     -------
     out : array, ``[num_rows, num_heads, head_size]`` in ``v``'s dtype
+        ``out`` itself when given; else NumPy for NumPy ``v``, a torch
+        tensor for a torch one, CuPy for CuPy, a numba device array otherwise.
     lse : array of float32, ``[num_rows, num_heads]``
         A row with a NaN or ``+inf`` log-sum-exp gets NaN in both, as the
         float64 merge does (``kernels.merge`` has the rule).
@@ -40,7 +53,8 @@ def merge_states(v, s, *, validate=True):
     (2.0, 0.6931)
     """
     validate = C.flag("validate", validate)
-    vd, from_host = _arrays.as_device(v, "v")
+    handle = _launch.stream_handle(stream)
+    vd, _ = _arrays.as_device(v, "v")
     sd, _ = _arrays.as_device(s, "s")
     if validate:
         V.check_ndim("v", vd, 4, "[num_rows, num_states, num_heads, head_size]")
@@ -57,10 +71,9 @@ def merge_states(v, s, *, validate=True):
     if validate and dt.name not in ("float16", "float32", "bfloat16"):
         raise ValueError(f"v must be float16, float32 or bfloat16, but got {dt.name}.")
     n, _, h, d = V.shape_of(vd)
-    out = _arrays.zeros((n, h, d), dt)
-    lse = _arrays.zeros((n, h), np.float32)
+    inputs = () if isinstance(v, np.ndarray) else (("v", vd), ("s", sd))
+    results = Results(v, out, lse, (n, h, d), dt, (n, h), inputs)
     if n and h:
-        _launch.launch(merge_kernel(dt.name, dt.name), (h, n), 128, (out, lse, vd, sd))
-    if from_host:
-        return _arrays.to_host(out, dt), lse.copy_to_host()
-    return out, lse
+        _launch.launch(merge_kernel(dt.name, dt.name), (h, n), 128,
+                       (results.out, results.lse, vd, sd), stream=handle)
+    return results.finish(True)

@@ -6,7 +6,10 @@ from . import _checks as C
 from . import _validate as V
 from ._validate import check_lengths  # noqa: F401  (prefill.check_lengths, as before)
 from .attention import _int32_device, _padded, _variants
+from .cache import kernel_scales
+from .interop import LikeInput, Results, overlaps, plan_buffer
 from .kernels import prefill_tc
+from .kernels.prefill_wgmma import wgmma_shared_bytes
 from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
 
@@ -128,14 +131,21 @@ class PrefillPlan:
         Keyword arguments of the tensor-core kernel's factory
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
-        ``m_tiles``), for studying its variants; they replace the defaults'
-        (``prefill_tc_config``'s options); an error on CUDA cores.
+        ``m_tiles``, ``wgmma``), for studying its variants; they replace the
+        defaults' (``prefill_tc_config``'s options); an error on CUDA cores.
+        ``wgmma=True`` runs the warpgroup kernel
+        (:mod:`paged_numba.kernels.prefill_wgmma`; sm_90 GPUs and the
+        simulator; ``num_warps`` a multiple of 4, default 8 on a GPU).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by
         :func:`merge_states`'s kernel (default 1: no split). For batches of
         few tiles and long contexts (decode-like batches, MQA, large GQA
         groups), where one block a tile leaves most SMs idle.
+    query_dtype : {"float16", "bfloat16", "float32"}, optional
+        For an fp8 cache (which runs on the CUDA-core kernel, reading the
+        8-bit codes with the cache's scales): the queries' and the output's
+        dtype (default float16). Other caches take their own dtype only.
 
     Examples
     --------
@@ -152,9 +162,10 @@ class PrefillPlan:
     def __init__(self, cache, cu_seqlens_q, seq_lens, num_heads, *, causal=True, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  tensor_cores=None, heads_per_block=None, block_q=None, block_n=None,
-                 num_warps=None, kernel_options=None, num_parts=None):
+                 num_warps=None, kernel_options=None, num_parts=None, query_dtype=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
+        self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
         num_heads = C.integer("num_heads", num_heads, lo=1)
         V.check_heads(num_heads, cache)
         self.causal = C.flag("causal", causal)
@@ -188,7 +199,8 @@ class PrefillPlan:
         if self.tensor_cores:
             # the defaults' options, then the caller's
             options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
-                                         num_warps, options.get("m_tiles")), **options}
+                                         num_warps, options.get("m_tiles"),
+                                         options.get("wgmma", False)), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -199,7 +211,7 @@ class PrefillPlan:
         self._tiles = (_arrays.as_device(tile_seq, "tile_seq")[0],
                        _arrays.as_device(tile_q0, "tile_q0")[0])
         d = cache.head_size
-        self.out = _arrays.zeros((self.total_q, num_heads, d), cache.dtype)
+        self.out = _arrays.zeros((self.total_q, num_heads, d), self.query_dtype)
         self.lse = _arrays.zeros((self.total_q, num_heads), np.float32)
         self._parts = None
         if self.num_parts > 1:          # split-K partial states, merged into out and lse
@@ -217,6 +229,7 @@ class PrefillPlan:
         self._grid = (self.num_tiles, num_heads // self.heads_per_block, self.num_parts)
         self._inputs = None
         self._launch = None
+        self._like = LikeInput()
 
     def _heads_per_block(self, group, value, default):
         hpb = _knob("heads_per_block", value, default)
@@ -237,7 +250,8 @@ class PrefillPlan:
                              f"size {self.cache.head_size} needs {need} bytes of shared memory, "
                              f"more than {SHARED_LIMIT}.")
 
-    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles):
+    def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
+                   wgmma=False):
         """Set the tiling; returns the default kernel options (``m_tiles`` the
         caller's, if given)."""
         d_hpb, _, d_bn, d_nw, defaults = prefill_tc.prefill_tc_config(self.cache.head_size,
@@ -247,6 +261,14 @@ class PrefillPlan:
             # one warp, 16-key tiles: the simulator runs each thread in Python and
             # each mma as a rendezvous of 32 of them, so the GPU's tiles cost minutes there
             d_bn, d_nw = 16, 1
+        if wgmma:
+            # warpgroups of 4 warps (64 rows each), one m-tile a warp
+            d_nw = 4 if sim else 8
+            d_bn = 16 if sim else 64
+            defaults = {"fast_exp2": defaults["fast_exp2"], "m_tiles": 1}
+            if m_tiles not in (None, 1):
+                raise ValueError(f"kernel_options['wgmma'] needs m_tiles=1, but got "
+                                 f"m_tiles={m_tiles}.")
         if sim or num_warps is not None or block_q is not None:
             # a tiling of the caller's (or the simulator's): one m-tile a warp unless
             # kernel_options say otherwise, the kernel's own q_in_regs
@@ -276,22 +298,39 @@ class PrefillPlan:
             raise ValueError(f"on tensor cores block_n must be a multiple of 16, but got {bn}.")
         if nw > 16:
             raise ValueError(f"num_warps must be at most 16, but got {nw}.")
-        need = prefill_tc.shared_bytes(self.cache.head_size, nw, bn, m_tiles)
+        if wgmma and (nw % 4 or bn > 256):
+            raise ValueError(f"kernel_options['wgmma'] needs num_warps a multiple of 4 (whole "
+                             f"warpgroups) and block_n <= 256, but got num_warps={nw}, "
+                             f"block_n={bn}.")
+        if wgmma and not sim:
+            from numba import cuda
+            cc = tuple(cuda.get_current_device().compute_capability)
+            if cc != (9, 0):
+                raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
+                                 f"this one has compute capability {cc}.")
+        need = (wgmma_shared_bytes(self.cache.head_size, nw, bn) if wgmma
+                else prefill_tc.shared_bytes(self.cache.head_size, nw, bn, m_tiles))
         if need > prefill_tc.MAX_SHARED_BYTES:
             raise ValueError(f"tile of {rows * nw} rows x {bn} keys at head size "
                              f"{self.cache.head_size} needs {need} bytes of shared memory, more "
                              f"than {prefill_tc.MAX_SHARED_BYTES}.")
         return defaults
 
-    def run(self, query, block_tables, *, stream=None, validate=False):
+    def run(self, query, block_tables, *, out=None, lse=None, stream=None, validate=False):
         """Launch prefill attention.
 
         Parameters
         ----------
         query : device array, ``[total_q, num_heads, head_size]``
         block_tables : device array of int32, ``[num_seqs, max_blocks]``
+        out : device array, ``[total_q, num_heads, head_size]``, optional
+            Write the output here (the cache's dtype, C-contiguous, sharing no
+            memory with the query) and return it.
+        lse : device array of float32, ``[total_q, num_heads]``, optional
+            Write the log-sum-exps here (else into :attr:`lse`).
         stream : optional
-            numba stream, PyTorch stream, or raw ``cudaStream_t``; default stream if None.
+            A numba, PyTorch or CuPy stream, a raw ``cudaStream_t`` int, or
+            None (the default stream); ignored under the simulator.
         validate : bool
             Check the query's shape and dtype and the table's entries (copies it
             to the host) even when the buffers are the ones already packed.
@@ -299,27 +338,33 @@ class PrefillPlan:
         Returns
         -------
         out : device array, ``[total_q, num_heads, head_size]``
-            Owned by the plan and overwritten by the next ``run``; :attr:`lse`
-            ``[total_q, num_heads]`` float32 holds the log-sum-exps.
+            ``out`` when given; else the plan's own :attr:`out`, overwritten
+            by the next ``run`` (seen as a torch tensor for a torch query, a
+            CuPy array for a CuPy one, without a copy). :attr:`lse`
+            ``[total_q, num_heads]`` float32 holds the log-sum-exps unless
+            ``lse`` is given. New ``out``/``lse`` buffers are packed like new inputs.
         """
         validate = C.flag("validate", validate)
-        inputs = (query, block_tables)
+        handle = _launch.stream_handle(stream)
+        inputs = (query, block_tables, out, lse)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
             self._pack(inputs)
         elif validate:
             self._check(inputs, True)
         if self.num_tiles:
-            self._launch(stream)
-        return self.out
+            self._launch(handle)
+        if out is not None:
+            return out
+        return self._like(self.out, query, self.query_dtype)
 
     def _check(self, inputs, validate=True):
-        query, block_tables = inputs
+        query, block_tables, out, lse = inputs
         q = _arrays.as_device(query, "query")[0]
         expect = (self.total_q, self.num_heads, self.cache.head_size)
         if V.shape_of(q) != expect:
             raise ValueError(f"query must be [total_q, num_heads, head_size] = {list(expect)}, "
                              f"but got {V.shape_of(q)}.")
-        V.check_dtype("query", q, self.cache.dtype)
+        V.check_dtype("query", q, self.query_dtype)
         tables, tables_host = _int32_device("block_tables", block_tables, validate)
         V.check_ndim("block_tables", tables, 2, "[num_seqs, max_blocks]")
         if tables.shape[0] != self.num_seqs:
@@ -328,20 +373,27 @@ class PrefillPlan:
         if validate:
             V.check_tables(tables_host, self._lens_host, self.cache.num_blocks,
                            self.cache.block_size)
-        return q, tables
+        out = plan_buffer("out", out, expect, self.query_dtype, query, (("query", q),))
+        lse = plan_buffer("lse", lse, expect[:2], np.float32, query, (("query", q),))
+        if out is not None and lse is not None and overlaps(out, lse):
+            raise ValueError("out and lse share memory; they must be separate buffers.")
+        return q, tables, out, lse
 
     def _pack(self, inputs, validate=True):
-        q, tables = self._check(inputs, validate)
+        q, tables, out, lse = self._check(inputs, validate)
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
         c = self.cache
-        outs = self._parts or (self.out, self.lse)
+        outs = self._parts or (out, lse)
         args = (*outs, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
-                *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants)
+                *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants,
+                *kernel_scales(c))
         launch = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
         if self._parts is None:
             self._launch = launch
         else:
             merge = _launch.PackedLaunch(merge_kernel(c.dtype.name), (self.num_heads, self.total_q),
-                                         128, (self.out, self.lse, *self._parts))
+                                         128, (out, lse, *self._parts))
 
             def both(stream):
                 launch(stream)
@@ -366,6 +418,7 @@ def _knob(name, value, default, hi=None):
 _OPTION_CHECKS = {
     "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
     "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
+    "wgmma": C.flag,
     "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
 }
 
@@ -386,7 +439,8 @@ def _kernel_options(kernel_options):
 
 def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causal=True,
                   scale=None, sliding_window=None, alibi_slopes=None, logits_soft_cap=None, *,
-                  return_lse=False, validate=True, tensor_cores=None, **tiling):
+                  return_lse=False, validate=True, tensor_cores=None, out=None, lse=None,
+                  stream=None, **tiling):
     """Prefill attention over a paged KV cache: many query tokens per sequence.
 
     A batch may mix whole prompts, chunks of prompts that follow cached
@@ -397,7 +451,8 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     ----------
     query : array, ``[total_q, num_heads, head_size]``
         The query tokens of all sequences, packed by ``cu_seqlens_q``; NumPy
-        or CUDA array (numba, PyTorch, CuPy) of the cache's dtype.
+        or CUDA array (numba, PyTorch, CuPy) of the cache's dtype (over an fp8
+        cache: float16, bfloat16 or float32, the output's dtype too).
     cache : PagedKVCache
         Holds ``num_kv_heads`` heads; ``num_heads`` must be a multiple of it.
     block_tables : array of int32, ``[num_seqs, max_blocks]``, or CSRTable
@@ -435,6 +490,16 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
         Check shapes, dtypes and table entries first. The lengths are always
         read on the host (the tile list is built from them); use
         :class:`PrefillPlan` to plan once and launch without host copies.
+    out : array, ``[total_q, num_heads, head_size]``, optional
+        Write the output here and return it: the query's dtype, C-contiguous,
+        a NumPy array for a NumPy query (filled after the launch), else a
+        device array (numba, PyTorch, CuPy; a tensor on the query's device)
+        sharing no memory with the query. Checked before any launch.
+    lse : array of float32, ``[total_q, num_heads]``, optional
+        Write the log-sum-exps here, as ``out`` (returned with ``return_lse``).
+    stream : optional
+        A numba, PyTorch or CuPy stream, a raw ``cudaStream_t`` int, or None
+        (the default stream); ignored under the simulator.
     **tiling
         ``heads_per_block``, ``block_q``, ``block_n``, ``num_warps``,
         ``kernel_options``, ``num_parts`` as in :class:`PrefillPlan`.
@@ -442,8 +507,10 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     Returns
     -------
     out : array, ``[total_q, num_heads, head_size]``
-        In the query's dtype; NumPy when the query is NumPy, else a numba
-        device array. A query that admits no key gets zeros (lse ``-inf``).
+        In the query's dtype and library: ``out`` when given, else NumPy for
+        a NumPy query, a torch tensor for a torch one (CuPy for CuPy), a
+        numba device array otherwise. A query that admits no key gets zeros
+        (lse ``-inf``).
 
     Notes
     -----
@@ -468,6 +535,7 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     """
     V.check_cache(cache)
     return_lse, validate = C.flag("return_lse", return_lse), C.flag("validate", validate)
+    handle = _launch.stream_handle(stream)
     q, from_host = _arrays.as_device(query, "query")
     total_q, num_heads, head_size = V.check_query(query, q, cache,
                                                   "[total_q, num_heads, head_size]")
@@ -480,11 +548,12 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
                          f"{int(cu[-1])}.")
     plan = PrefillPlan(cache, cu, seq_lens, num_heads, causal=causal, scale=scale,
                        sliding_window=sliding_window, alibi_slopes=alibi_slopes,
-                       logits_soft_cap=logits_soft_cap, tensor_cores=tensor_cores, **tiling)
-    plan._pack((q, block_tables), validate)
+                       logits_soft_cap=logits_soft_cap, tensor_cores=tensor_cores,
+                       query_dtype=V.compute_dtype("query", query, cache), **tiling)
+    results = Results(query, out, lse, (total_q, num_heads, head_size), plan.query_dtype,
+                      (total_q, num_heads), () if from_host else (("query", q),),
+                      spare=(plan.out, plan.lse))
+    plan._pack((q, block_tables, results.out, results.lse), validate)
     if plan.num_tiles:
-        plan._launch(None)
-    out, lse = plan.out, plan.lse
-    if from_host:
-        out, lse = _arrays.to_host(out, cache.dtype), lse.copy_to_host()
-    return (out, lse) if return_lse else out
+        plan._launch(handle)
+    return results.finish(return_lse)

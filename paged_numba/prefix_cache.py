@@ -12,9 +12,62 @@ to 0, and :meth:`PrefixCache.evict` when it needs a block and the free list
 is empty.
 """
 
+import reprlib
 from collections import OrderedDict
+from collections.abc import Iterable
 
-__all__ = ["PrefixCache", "block_keys"]
+import numpy as np
+
+from ._checks import _is_int, hashable, integer
+
+__all__ = ["PrefixCache", "block_keys", "token_list"]
+
+
+def token_list(name, token_ids) -> list[int]:
+    """``token_ids`` as a list of Python ints, after checking that it is a 1-D
+    NumPy integer array or an iterable (list, tuple, range) of integers.
+
+    Bools, floats (even ``2.0``), strings and float arrays raise ``TypeError``
+    naming ``name`` (and the index of the first bad entry): a token id is an
+    index into a vocabulary, never rounded.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the message.
+    token_ids : array or iterable of int, ``[num_tokens]``
+
+    Returns
+    -------
+    list of int, ``[num_tokens]``
+
+    Examples
+    --------
+    >>> token_list("token_ids", np.arange(3))
+    [0, 1, 2]
+    >>> token_list("token_ids", [1.5, 2.0])
+    Traceback (most recent call last):
+        ...
+    TypeError: token_ids[0] must be an integer, but got 1.5 (float).
+    >>> token_list("token_ids", np.array([1.0, 2.0]))
+    Traceback (most recent call last):
+        ...
+    TypeError: token_ids must hold integers, but got dtype float64.
+    """
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.dtype == np.bool_ or not np.issubdtype(token_ids.dtype, np.integer):
+            raise TypeError(f"{name} must hold integers, but got dtype {token_ids.dtype.name}.")
+        if token_ids.ndim != 1:
+            raise TypeError(f"{name} must be a 1-D array of integers, but got shape {token_ids.shape}.")
+        return token_ids.tolist()
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Iterable):
+        raise TypeError(f"{name} must be a list or 1-D array of integers, but got "
+                        f"{reprlib.repr(token_ids)} ({type(token_ids).__name__}).")
+    tokens = list(token_ids)
+    for i, t in enumerate(tokens):
+        if not _is_int(t):
+            raise TypeError(f"{name}[{i}] must be an integer, but got {t!r} ({type(t).__name__}).")
+    return [int(t) for t in tokens]
 
 
 def block_keys(token_ids, block_size: int, extra_key=None, parent=None) -> list[tuple]:
@@ -27,8 +80,10 @@ def block_keys(token_ids, block_size: int, extra_key=None, parent=None) -> list[
 
     Parameters
     ----------
-    token_ids : sequence of int, ``[num_tokens]``
+    token_ids : array or sequence of int, ``[num_tokens]``
+        Integers only (:func:`token_list`: anything else raises ``TypeError``).
     block_size : int
+        Tokens per block (> 0).
     extra_key : hashable, optional
         Anything else the cached K/V depend on (a LoRA id, an image hash).
     parent : int, optional
@@ -46,7 +101,9 @@ def block_keys(token_ids, block_size: int, extra_key=None, parent=None) -> list[
     >>> keys[1][0] == hash(keys[0]), keys[1][1]
     (True, (7, 8))
     """
-    tokens = [int(t) for t in token_ids]
+    tokens = token_list("token_ids", token_ids)
+    block_size = integer("block_size", block_size, lo=1)
+    hashable("extra_key", extra_key)
     keys = []
     for i in range(len(tokens) // block_size):
         key = (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra_key)

@@ -29,12 +29,29 @@ the sliding window); the others are never read for it. Then:
 
 Scalars (scale, soft cap, ALiBi slopes) are finite: the public functions
 reject the others.
+
+fp8 caches: the paged references take the *stored* fp8 pools and their
+``k_scale``/``v_scale`` (one per tensor or ``[num_kv_heads]``) and attend
+over ``stored * scale``, computed in float64, where it is exact (an fp8 value
+has at most 4 significant bits, a float32 scale 24). A NaN code is a NaN
+element as above; E5M2's inf codes never come from ``write_kv``, which
+saturates.
 """
 import math
 
 import numpy as np
 
+from .fp8 import dequantize
 from .layouts import to_nhd
+
+
+def _dequantized(key_cache, value_cache, k_scale, v_scale):
+    """``"nhd"`` pools times their scales in float64 (unchanged without scales)."""
+    if k_scale is not None:
+        key_cache = dequantize(key_cache, k_scale)
+    if v_scale is not None:
+        value_cache = dequantize(value_cache, v_scale)
+    return key_cache, value_cache
 
 
 def gather_kv(key_cache, value_cache, block_table_row, seq_len):
@@ -207,7 +224,8 @@ def attention(q, k, v, scale, dtype=np.float64, **variants):
 
 
 def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens,
-                           scale=None, layout="nhd", dtype=np.float64, **variants):
+                           scale=None, layout="nhd", dtype=np.float64, k_scale=None,
+                           v_scale=None, **variants):
     """Reference for :func:`paged_numba.paged_decode` on host arrays.
 
     Parameters
@@ -216,6 +234,9 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
     key_cache, value_cache : pools in ``layout``
     block_tables : ``[num_seqs, max_blocks]``
     seq_lens : ``[num_seqs]``
+    k_scale, v_scale : float or ``[num_kv_heads]``, optional
+        Scales of fp8 pools: the keys are ``key_cache * k_scale`` (in float64),
+        the values ``value_cache * v_scale``.
 
     variants : ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap`` as in :func:`logits`
         (the query sits at position ``seq_len - 1``).
@@ -242,9 +263,15 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
     >>> bool((paged_decode_reference(np.ones((2, 1, 2)), kh, vh, tables, [3, 1],
     ...                              layout="hnd")[0] == out).all())
     True
+    >>> import ml_dtypes                               # fp8 codes and a scale: values 0.5 * s
+    >>> v8 = v.astype(ml_dtypes.float8_e4m3fn)
+    >>> paged_decode_reference(np.ones((2, 1, 2)), k, v8, tables, [3, 1], v_scale=0.5)[0][:, 0]
+    array([[1.5, 1.5],
+           [1. , 1. ]])
     """
     query = np.asarray(query)
     key_cache, value_cache = to_nhd(np.asarray(key_cache), np.asarray(value_cache), layout)
+    key_cache, value_cache = _dequantized(key_cache, value_cache, k_scale, v_scale)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     out = np.zeros(query.shape, dtype)
@@ -257,7 +284,8 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
 
 
 def paged_prefill_reference(query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
-                            scale=None, layout="nhd", dtype=np.float64, causal=True, **variants):
+                            scale=None, layout="nhd", dtype=np.float64, causal=True,
+                            k_scale=None, v_scale=None, **variants):
     """Reference for :func:`paged_numba.paged_prefill` on host arrays.
 
     Parameters
@@ -270,6 +298,8 @@ def paged_prefill_reference(query, key_cache, value_cache, block_tables, cu_seql
 
     causal : query ``j`` of sequence ``i`` sits at position
         ``seq_lens[i] - q_len_i + j`` and, if True, attends to keys up to it.
+    k_scale, v_scale : optional
+        Scales of fp8 pools, as in :func:`paged_decode_reference`.
     variants : ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap`` as in :func:`logits`.
 
     Returns
@@ -295,6 +325,7 @@ def paged_prefill_reference(query, key_cache, value_cache, block_tables, cu_seql
     """
     query = np.asarray(query)
     key_cache, value_cache = to_nhd(np.asarray(key_cache), np.asarray(value_cache), layout)
+    key_cache, value_cache = _dequantized(key_cache, value_cache, k_scale, v_scale)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     cu = np.asarray(cu_seqlens_q)

@@ -4,11 +4,13 @@ import numpy as np
 from . import _arrays, _launch
 from . import _checks as C
 from . import _validate as V
+from .cache import kernel_scales
+from .fp8 import is_fp8
 from .kernels.write_kv import write_kv_kernel
 from .layouts import vector_width
 
 
-def write_kv(cache, key, value, slot_mapping, *, validate=True):
+def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
     """Write new tokens' keys and values into their cache slots, in place.
 
     One launch covers prefill (many tokens of one sequence) and decode (one
@@ -21,13 +23,21 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
     key, value : arrays, ``[num_tokens, num_kv_heads, head_size]``
         NumPy or CUDA arrays of the cache's dtype. For a bfloat16 cache: NumPy
         ``ml_dtypes.bfloat16`` arrays, ``torch.bfloat16`` CUDA tensors, or
-        device arrays of the bf16 bit patterns (``uint16``).
+        device arrays of the bf16 bit patterns (``uint16``). For an fp8
+        cache: float16, bfloat16 or float32 (both of one dtype), stored as
+        ``fp8(float32(x) / scale)`` with the cache's ``k_scale``/``v_scale``,
+        rounded to nearest even and saturated at the format's largest finite
+        value (:mod:`paged_numba.fp8`).
     slot_mapping : array of int, ``[num_tokens]``
         Slot of each token; ``-1`` marks a padding token, which is skipped.
         A NumPy or CUDA array, a list or a tuple.
     validate : bool
         Check shapes, dtypes and slots (in ``[-1, num_slots)``, no slot twice)
         before launching; device slot mappings are copied to the host for it.
+    stream : optional
+        Launch on this stream: a numba, PyTorch (``torch.cuda.Stream``) or
+        CuPy stream, a raw ``cudaStream_t`` int, or None (the default stream).
+        Ignored under the simulator, which runs every kernel synchronously.
 
     Examples
     --------
@@ -49,9 +59,19 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
     >>> K, _ = bf.gather([0], 3)
     >>> K.dtype, K[:, 0, 0].tolist()
     (dtype(bfloat16), [0.0, 0.0, 1.5])
+
+    An fp8 cache stores ``x / scale`` rounded to fp8 (1.3 / 0.5 = 2.6 -> 2.5):
+
+    >>> f8 = PagedKVCache(num_blocks=1, block_size=4, num_kv_heads=1, head_size=16,
+    ...                   dtype="float8_e4m3fn", k_scale=0.5)
+    >>> write_kv(f8, np.full((1, 1, 16), 1.3, np.float16), np.zeros((1, 1, 16), np.float16), [1])
+    >>> K, _ = f8.gather([0], 2)
+    >>> K.dtype, K[:, 0, 0].astype(float).tolist()
+    (dtype(float8_e4m3fn), [0.0, 2.5])
     """
     V.check_cache(cache)
     validate = C.flag("validate", validate)
+    handle = _launch.stream_handle(stream)
     k, _ = _arrays.as_device(key, "key")
     v, _ = _arrays.as_device(value, "value")
     expected = (cache.num_kv_heads, cache.head_size)
@@ -61,7 +81,11 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
             raise ValueError(
                 f"{name} must be [num_tokens, {expected[0]}, {expected[1]}] for this cache, "
                 f"but got {V.shape_of(x)}.")
-        V.check_dtype(name, given, cache.dtype)   # the caller's array: bf16 is uint16 on device
+        V.compute_dtype(name, given, cache)   # the caller's array: bf16 is uint16 on device
+    if V.compute_dtype("key", key, cache) != V.compute_dtype("value", value, cache):
+        raise ValueError(f"key and value must have the same dtype, but got "
+                         f"{V.compute_dtype('key', key, cache).name} and "
+                         f"{V.compute_dtype('value', value, cache).name}.")
     if V.shape_of(k) != V.shape_of(v):
         raise ValueError(
             f"key and value must have the same shape, but got {V.shape_of(k)} and {V.shape_of(v)}.")
@@ -95,5 +119,8 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True):
             raise ValueError(
                 f"slot {int(uniq[counts > 1][0])} appears more than once in slot_mapping.")
     if num_tokens:
-        kernel = write_kv_kernel(cache.block_size, cache.layout, vector_width(cache.dtype))
-        _launch.launch(kernel, num_tokens, 128, (cache.key_cache, cache.value_cache, k, v, slots))
+        fmt = cache.dtype.name if is_fp8(cache.dtype) else None     # fp8: quantise on the way
+        kernel = write_kv_kernel(cache.block_size, cache.layout, vector_width(cache.dtype), fp8=fmt)
+        _launch.launch(kernel, num_tokens, 128,
+                       (cache.key_cache, cache.value_cache, k, v, slots, *kernel_scales(cache)),
+                       stream=handle)

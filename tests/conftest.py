@@ -33,7 +33,7 @@ settings.load_profile(os.environ.get(
 # the default run, CI's, runs them all. Keys are test files; values are test functions,
 # or single parametrisations by their full name.
 SLOW = {
-    "test_ptx.py": {"test_every_specialisation_compiles_to_ptx"},
+    "test_ptx.py": {"test_specialisations_compile_to_ptx"},
     "test_decode.py": {
         "test_decode_seed_examples[p2-1]", "test_decode_seed_examples[p3-2]",
         "test_decode_matches_reference", "test_decode_tensor_core_variants_match_reference",
@@ -52,6 +52,11 @@ SLOW = {
         "test_prefill_explicit_cases[tc-long]", "test_prefill_explicit_cases[tc-long-two-warps]",
         "test_tc_prefill_window_and_variants", "test_tc_prefill_kernel_options",
         "test_tc_prefill_split_k[two-parts]", "test_tc_prefill_split_k[more-parts-than-tiles]",
+    },
+    "test_transformers.py": {
+        "test_generate_matches_model_generate",
+        "test_generate_with_preemption_matches_model_generate",
+        "test_hf_engine_backend_matches_paged_sdpa",
     },
 }
 

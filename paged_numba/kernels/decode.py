@@ -55,12 +55,14 @@ KV head's group handled together so that each K/V byte is read once):
 import functools
 import math
 
-from numba import cuda, float32, uint16
+from numba import cuda, float32, uint8, uint16
 from numba.core.types import float16
 
 from .access import device_function, vector_accessors, vector_offsets
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
+from .fp8 import FORMATS as FP8_FORMATS
+from .fp8 import fp8_vector_accessors, load16_fp8, store_as, to_f32_any
 from .vector import load16
 
 FULL_MASK = 0xFFFFFFFF
@@ -140,7 +142,7 @@ def lane_reducer(mask, op_max):
     return reduce
 
 
-def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None):
+def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None, store=None):
     """Device function ``merge(out, lse, seq, part, h0, warp, tid, g, lane_r, acc,
     m_s, l_s, acc_s)``: the decode kernels' epilogue. Each warp holds its own
     softmax state for the ``hpb`` query heads from ``h0``: ``m_s[warp, hh]``,
@@ -155,13 +157,21 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None
 
     ``put_row(acc_s, warp, hh, g, lane_r, acc, f)``, when given, replaces the
     token-group sums and the store of ``f`` times head ``hh``'s row into
-    ``acc_s[warp]``, for partial outputs held in another layout."""
+    ``acc_s[warp]``, for partial outputs held in another layout.
+
+    ``store(out, seq, part, head, d, x)``, when given, replaces the store of
+    float32 ``x`` as ``out[seq, part, head, d] = from_f32(x)``, for an output
+    whose element type the kernel learns from the array."""
     NW, HPB, D, VEC, VPL, LPR = num_warps, hpb, head_size, vec, vpl, lpr
     NVEC = D // VEC
     NT = 32 * NW
     ACC = VPL * VEC
     group_sum = lane_reducer(31 & ~(LPR - 1), False)
     OWN_ROWS = put_row is not None
+    if store is None:
+        @device_function
+        def store(out, seq, part, head, d, x):
+            out[seq, part, head, d] = from_f32(x)
 
     @device_function
     def merge(out, lse, seq, part, h0, warp, tid, g, lane_r, acc, m_s, l_s, acc_s):
@@ -196,7 +206,7 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None
                 o = float32(0.0)
                 for w in range(NW):
                     o += acc_s[w, d]
-                out[seq, part, h0 + hh, d] = from_f32(o)
+                store(out, seq, part, h0 + hh, d, o)
             if tid == 0:
                 if total != 0.0:
                     lse[seq, part, h0 + hh] = (mx + math.log2(total)) * float32(LN2)
@@ -207,7 +217,8 @@ def warp_merger(num_warps, hpb, head_size, vec, vpl, lpr, from_f32, put_row=None
     return merge
 
 
-STORAGE = {"float16": float16, "float32": float32, "bfloat16": uint16}
+STORAGE = {"float16": float16, "float32": float32, "bfloat16": uint16,
+           "float8_e4m3fn": uint8, "float8_e5m2": uint8}
 SHARED_BYTES = 48 * 1024      # static shared memory of one thread block
 
 
@@ -226,11 +237,23 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     none), ``window`` int32 (0 for none). Launch with grid ``(num_heads //
     heads_per_block, num_seqs, num_partitions)`` and ``32 * num_warps``
     threads.
+
+    An fp8 ``dtype`` (``"float8_e4m3fn"``, ``"float8_e5m2"``: ``uint8`` pools,
+    16 codes a 16-byte vector) adds a last argument ``kv_scales [2,
+    num_kv_heads]`` float32 (K's scale of each KV head, then V's).
+    The codes are decoded exactly to float32 as they are read from the copy
+    ring (``kernels.fp8``); K's scale of the block's KV head is folded into
+    the query's scale (``q * (scale * log2 e * k_scale)``) and V's into the
+    accumulated output before the warps are merged. The query may be fp16,
+    fp32 or bf16 bits (``uint16``), and the unsplit output takes the query's
+    type: the kernel follows the arrays' types (one dispatcher compiles one
+    version for each).
     """
     HEAD_SIZE = head_size
     BLOCK_SIZE = block_size
     HPB = heads_per_block                 # query heads sharing one K/V read
-    VEC = 16 // {"float32": 4}.get(dtype, 2)   # elements in a 16-byte vector
+    FP8 = dtype in FP8_FORMATS            # uint8 codes, decoded as they are read
+    VEC = 16 // {"float32": 4}.get(dtype, 1 if FP8 else 2)   # elements in a 16-byte vector
     SMEM_T = STORAGE[dtype]
     NVEC = HEAD_SIZE // VEC               # vectors in one head row
     NW = num_warps
@@ -263,15 +286,46 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     head_mask = (max(LPR // _pow2_ceil(HPB), 1) - 1) | (31 & ~(LPR - 1))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     assert HEAD_SIZE % VEC == 0 and NW & (NW - 1) == 0
-    _, v_vec = vector_accessors(layout, dtype)
     k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, HEAD_SIZE)
     wait_stages = wait_group(STAGES - 1)
-    to_f32, _ = codec(dtype)
-    _, from_f32 = codec("float32" if split else dtype)     # the output's element type
+    store = None
+    if FP8:
+        load_kv = load16_fp8(dtype)
+        to_f32 = to_f32_any                                 # by the query's type
+        _, from_f32 = codec("float32")
+        if not split:
+            @device_function
+            def store_typed(out, seq, part, head, d, x):    # in the output's (query's) type
+                out[seq, part, head, d] = store_as(x, out)
+            store = store_typed
+        _, v_vec = fp8_vector_accessors(layout, dtype)     # ("vllm" values, one by one)
+
+        @device_function
+        def kv_scale(kv_scales, kvh):
+            return kv_scales[0, kvh], kv_scales[1, kvh]
+
+        @device_function
+        def scale_acc(acc, vs):
+            for hh in range(HPB):
+                for a in range(ACC):
+                    acc[hh, a] *= vs
+    else:
+        load_kv = load16
+        _, v_vec = vector_accessors(layout, dtype)
+        to_f32, _ = codec(dtype)
+        _, from_f32 = codec("float32" if split else dtype)     # the output's element type
+
+        @device_function
+        def kv_scale(kv_scales, kvh):
+            return float32(1.0), float32(1.0)
+
+        @device_function
+        def scale_acc(acc, vs):
+            pass
     reduce_logits = transposing_reducer(N, LPR)
     head_max = lane_reducer(head_mask, True)
     head_sum = lane_reducer(head_mask, False)
-    merge_warps = warp_merger(NW, HPB, HEAD_SIZE, VEC, VPL, LPR, from_f32)
+    merge_warps = warp_merger(NW, HPB, HEAD_SIZE, VEC, VPL, LPR, from_f32, store=store)
 
     @device_function
     def src_lane(idx):
@@ -308,9 +362,9 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                                          v_flat(value_cache, blk, kvh, off, v))
         commit_group()
 
-    @cuda.jit
-    def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                            seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
+    @device_function
+    def decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+               partition_size, alibi_slopes, soft_cap, window, kv_scales):
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
@@ -337,7 +391,8 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
         ring = cuda.shared.array(RING, SMEM_T)
 
         # -- this lane's slice of the group's queries, scaled into base-2 logits
-        qscale = scale * float32(LOG2E)
+        k_scale, v_scale = kv_scale(kv_scales, kvh)      # fp8: the codes' scales (else 1)
+        qscale = scale * float32(LOG2E) * k_scale
         q_r = cuda.local.array((HPB, ACC), float32)
         acc = cuda.local.array((HPB, ACC), float32)
         for hh in range(HPB):
@@ -390,7 +445,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 for i in range(VPL):
                     v = lane_r + i * LPR
                     if valid and v < NVEC:
-                        load16(ring, chunk(stage, u * VPL + i, tid), kr, i * VEC)
+                        load_kv(ring, chunk(stage, u * VPL + i, tid), kr, i * VEC)
                     else:
                         for e in range(VEC):
                             kr[i * VEC + e] = 0.0
@@ -450,7 +505,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     v = lane_r + i * LPR
                     if t < end and v < NVEC:
                         if STAGE_V:
-                            load16(ring, chunk(stage, (U + u) * VPL + i, tid), vr, i * VEC)
+                            load_kv(ring, chunk(stage, (U + u) * VPL + i, tid), vr, i * VEC)
                         else:
                             v_vec(value_cache, block_tables[seq, t // BLOCK_SIZE], kvh,
                                   t % BLOCK_SIZE, v, vr, i * VEC)
@@ -471,7 +526,24 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 if hh < HPB:
                     m_s[warp, hh] = m_run[a]
                     l_s[warp, hh] = l_run[a]
+        scale_acc(acc, v_scale)                          # fp8: V's scale (else nothing)
         merge_warps(out, lse, seq, part, h0, warp, tid, g, lane_r, acc, m_s, l_s, acc_s)
+
+    if FP8:
+        @cuda.jit
+        def paged_decode_fp8_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                    seq_lens, scale, partition_size, alibi_slopes, soft_cap,
+                                    window, kv_scales):
+            decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                   partition_size, alibi_slopes, soft_cap, window, kv_scales)
+
+        return paged_decode_fp8_kernel
+
+    @cuda.jit
+    def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                            seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
+        decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+               partition_size, alibi_slopes, soft_cap, window, alibi_slopes)   # no scales
 
     return paged_decode_kernel
 

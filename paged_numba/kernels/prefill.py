@@ -58,6 +58,8 @@ from numba import cuda, float32, int32
 
 from .access import device_function, vector_accessors
 from .convert import codec
+from .fp8 import FORMATS as FP8_FORMATS
+from .fp8 import fp8_vector_accessors, store_as, to_f32_any
 
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
@@ -65,7 +67,7 @@ SHARED_LIMIT = 48 * 1024          # static shared memory per block
 
 
 def _itemsize(dtype):
-    return {"bfloat16": 2}.get(dtype) or np.dtype(dtype).itemsize
+    return {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(dtype) or np.dtype(dtype).itemsize
 
 
 def _pow2s(limit):
@@ -135,6 +137,12 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
     float32 (0 for none), ``window`` int32 (0 for none). Launch with grid
     ``(num_tiles, num_heads // heads_per_block)`` and ``32 * num_warps``
     threads.
+
+    An fp8 ``dtype`` (``uint8`` pools of codes) adds ``kv_scales [2,
+    num_kv_heads]`` float32 last, as in ``kernels.decode``: the codes are
+    decoded exactly as the tiles are staged, K's scale multiplies the query's
+    scale, V's the normalised output; the query (fp16, fp32 or bf16 bits)
+    and the output share their type.
     """
     HEAD_SIZE = head_size
     BLOCK_SIZE = block_size
@@ -154,8 +162,37 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     assert HEAD_SIZE % VEC == 0 and HPB & (HPB - 1) == 0 and TC <= 32
     assert shared_bytes(HEAD_SIZE, M, BN) <= SHARED_LIMIT, "tile too large for shared memory"
-    k_vec, v_vec = vector_accessors(layout, dtype)
-    to_f32, from_f32 = codec(dtype)
+    FP8 = dtype in FP8_FORMATS
+    if FP8:
+        k_vec, v_vec = fp8_vector_accessors(layout, dtype)
+        to_f32 = to_f32_any                          # by the query's type
+
+        @device_function
+        def put(out, row, h, d, x):                  # in the output's (query's) type
+            out[row, h, d] = store_as(x, out)
+
+        @device_function
+        def kv_scale(kv_scales, kvh):
+            return kv_scales[0, kvh], kv_scales[1, kvh]
+
+        @device_function
+        def times_v_scale(x, vs):
+            return x * vs
+    else:
+        k_vec, v_vec = vector_accessors(layout, dtype)
+        to_f32, from_f32 = codec(dtype)
+
+        @device_function
+        def put(out, row, h, d, x):
+            out[row, h, d] = from_f32(x)
+
+        @device_function
+        def kv_scale(kv_scales, kvh):
+            return float32(1.0), float32(1.0)
+
+        @device_function
+        def times_v_scale(x, vs):
+            return x
 
     def tile_stager(vec_fn):
         """Device function copying keys ``[kt, kt + kn)`` (or values) of a
@@ -186,10 +223,9 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
 
     stage_k, stage_v = tile_stager(k_vec), tile_stager(v_vec)
 
-    @cuda.jit
-    def paged_prefill_kernel(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q,
-                             seq_lens, tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap,
-                             window):
+    @device_function
+    def prefill(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, kv_scales):
         tile = cuda.blockIdx.x
         hb = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -220,6 +256,8 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         l_s = cuda.shared.array(M, float32)
 
         # -- stage the tile's queries, scaled, transposed: q_s[d, r]
+        k_scale, v_scale = kv_scale(kv_scales, kvh)  # fp8: the codes' scales (else 1)
+        scale = scale * k_scale
         for i in range(tid, M * HEAD_SIZE, NT):
             r = i // HEAD_SIZE
             d = i % HEAD_SIZE
@@ -374,7 +412,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
                 for j in range(RD):
                     d = td + j * TD
                     if d < HEAD_SIZE:
-                        out[row, h, d] = from_f32(acc[i, j] * inv)
+                        put(out, row, h, d, times_v_scale(acc[i, j] * inv, v_scale))
         for r in range(tid, M, NT):
             if r // HPB < nq:
                 x = NEG_INF
@@ -382,11 +420,31 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
                     x = m_s[r] + math.log(l_s[r])
                 lse[row0 + q0 + r // HPB, h0 + r % HPB] = x
 
+    if FP8:
+        @cuda.jit
+        def paged_prefill_fp8_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                     cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
+                                     alibi_slopes, soft_cap, window, kv_scales):
+            prefill(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q,
+                    seq_lens, tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window,
+                    kv_scales)
+
+        return paged_prefill_fp8_kernel
+
+    @cuda.jit
+    def paged_prefill_kernel(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q,
+                             seq_lens, tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap,
+                             window):
+        prefill(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window,
+                alibi_slopes)                        # no scales
+
     return paged_prefill_kernel
 
 
-def prefill_signature(dtype, layout):
-    """Argument types the API launches the prefill kernel with."""
+def prefill_signature(dtype, layout, query_dtype="float16"):
+    """Argument types the API launches the prefill kernel with (an fp8 cache:
+    ``query_dtype`` queries and outputs, the scales last)."""
     from numba.core import types
     from numba.np.numpy_support import from_dtype
 
@@ -395,10 +453,15 @@ def prefill_signature(dtype, layout):
 
     kdim, vdim = {"nhd": (4, 4), "vllm": (5, 4), "hnd": (4, 4), "interleaved": (5, 5)}[layout]
     i32 = arr("int32", 1)
-    store = "uint16" if dtype == "bfloat16" else dtype      # bf16 travels as its bit patterns
-    return (arr(store, 3), arr("float32", 2), arr(store, 3), arr(store, kdim), arr(store, vdim),
+    def store_of(dt):      # bf16 travels as its bit patterns, fp8 as its codes
+        return {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}.get(dt, dt)
+
+    fp8 = dtype in FP8_FORMATS
+    q = store_of(query_dtype if fp8 else dtype)
+    pool = store_of(dtype)
+    return (arr(q, 3), arr("float32", 2), arr(q, 3), arr(pool, kdim), arr(pool, vdim),
             arr("int32", 2), i32, i32, i32, i32, types.float32, types.int32, arr("float32", 1),
-            types.float32, types.int32)
+            types.float32, types.int32) + ((arr("float32", 2),) if fp8 else ())
 
 
 # (head_size, group_size, dtype, layout, block_size): the head sizes that pick
@@ -413,6 +476,7 @@ PTX_POINTS = [
     (128, 4, "float16", "hnd", 16), (128, 4, "float16", "interleaved", 16),
     (64, 8, "float32", "hnd", 1), (256, 1, "float32", "vllm", 32),
     (128, 4, "bfloat16", "nhd", 16),
+    (64, 4, "float8_e4m3fn", "nhd", 16), (64, 1, "float8_e5m2", "vllm", 16),   # fp16 queries
 ]
 
 

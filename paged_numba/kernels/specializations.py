@@ -15,10 +15,12 @@ from .write_kv import write_kv_kernel
 BLOCK_SIZES = (8, 16, 32)
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "float32", "bfloat16")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 
 def _arr(dtype, ndim):
-    store = "uint16" if dtype == "bfloat16" else dtype      # bf16 travels as its bit patterns
+    # bf16 travels as its bit patterns, fp8 as its codes
+    store = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}.get(dtype, dtype)
     return types.Array(from_dtype(np.dtype(store)), ndim, "C")
 
 
@@ -32,11 +34,15 @@ def _pools(layout, dtype):
     return (_arr(dtype, ndim[0]), _arr(dtype, ndim[1]))
 
 
-def decode_signatures(dtype, layout):
-    """Argument types of the decode kernel: unsplit (output in ``dtype``) and split (fp32 partials)."""
-    tail = (_arr(dtype, 3), *_pools(layout, dtype), _arr("int32", 2), _arr("int32", 1),
+def decode_signatures(dtype, layout, query_dtype="float16"):
+    """Argument types of the decode kernel: unsplit (output in ``dtype``) and split (fp32 partials).
+    An fp8 cache takes ``query_dtype`` queries (the unsplit output's dtype) and its scales last."""
+    fp8 = dtype.startswith("float8")
+    q_dtype = query_dtype if fp8 else dtype
+    tail = (_arr(q_dtype, 3), *_pools(layout, dtype), _arr("int32", 2), _arr("int32", 1),
             types.float32, types.int32, _arr("float32", 1), types.float32, types.int32)
-    return [(_arr(out_dtype, 4), _arr("float32", 3), *tail) for out_dtype in (dtype, "float32")]
+    tail += (_arr("float32", 2),) if fp8 else ()
+    return [(_arr(out_dtype, 4), _arr("float32", 3), *tail) for out_dtype in (q_dtype, "float32")]
 
 
 def decode_points(layouts=LAYOUTS, dtypes=DTYPES):
@@ -84,6 +90,16 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         kernel = decode_kernel(hs, bs, hpb, dtype, layout, NUM_WARPS, UNROLL, STAGES, split)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
         yield f"decode hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype}", kernel, sig
+    # fp8 caches (CUDA-core kernel only): both formats, a contiguous and the strided value
+    # layout, split and unsplit with fp16 queries, and the other query types once
+    for fmt, layout, split, q_dtype in (
+            [(f, lay, sp, "float16") for f in FP8_DTYPES for lay in ("nhd", "vllm")
+             for sp in (False, True)]
+            + [("float8_e4m3fn", "hnd", False, "bfloat16"), ("float8_e5m2", "interleaved", False,
+                                                             "float32")]):
+        kernel = decode_kernel(128, 16, 4, fmt, layout, NUM_WARPS, UNROLL, STAGES, split)
+        sig = decode_signatures(fmt, layout, q_dtype)[int(split)]
+        yield f"decode hs=128 bs=16 hpb=4 {layout} {fmt} q={q_dtype} out={sig[0].dtype}", kernel, sig
     for hs, bs, hpb, layout, dtype, split in decode_tc_points():
         kernel, threads, _ = decode_launch(hs, bs, hpb, dtype, layout, split, tensor_cores=True)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
@@ -94,6 +110,12 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         for slot_dtype in ("int64", "int32"):
             sig = (*_pools(layout, dtype), _arr(dtype, 3), _arr(dtype, 3), _arr(slot_dtype, 1))
             yield f"write_kv bs={bs} {layout} {dtype} slots={slot_dtype}", kernel, sig
+    for layout, fmt in itertools.product(layouts, FP8_DTYPES):     # quantising writes
+        kernel = write_kv_kernel(16, layout, 16, fp8=fmt)
+        for src in DTYPES:
+            sig = (*_pools(layout, fmt), _arr(src, 3), _arr(src, 3), _arr("int64", 1),
+                   _arr("float32", 2))
+            yield f"write_kv bs=16 {layout} {fmt} from={src}", kernel, sig
     for dtype in DTYPES:
         for v_dtype in sorted({"float32", dtype}):      # split-K partials; merge_states input
             sig = (_arr(dtype, 3), _arr("float32", 2), _arr(v_dtype, 4), _arr("float32", 3))
@@ -120,12 +142,13 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     # its research options (PrefillPlan(kernel_options=...)): all of them at one
     # m-tile a warp, 8 warps and 64-key tiles, in both dtypes and the strided-value
     # layout; two m-tiles a warp with every option; all 32 heads of an MQA group in
-    # one 2-warp decode tile
+    # one 2-warp decode tile; the warpgroup (wgmma) products
     fast = dict(fast_exp2=True, fma_softmax=True, token_copies=True)
     for hs, hpb, bn, nw, dtype, layout, opts in [
             (128, 4, 64, 8, "float16", "nhd", fast), (128, 4, 64, 8, "bfloat16", "vllm", fast),
             (128, 4, 32, 4, "float16", "nhd", dict(fast, m_tiles=2, q_in_regs=False)),
-            (128, 32, 64, 2, "float16", "hnd", {})]:
+            (128, 32, 64, 2, "float16", "hnd", {}),
+            (128, 4, 64, 8, "bfloat16", "vllm", dict(fast_exp2=True, wgmma=True))]:
         yield (f"prefill_tc hs={hs} {dtype} {layout} hpb={hpb} bn={bn} warps={nw} {opts}",
                prefill_tc_kernel(hs, 16, hpb, bn, dtype, layout, nw, **opts),
                prefill_signature(dtype, layout))
@@ -139,13 +162,37 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
                        copy_blocks_kernel(vec, has_value), (pool, pool, _arr("int32", 2)))
 
 
+def family(name):
+    """A specialisation's kernel and cache dtype, e.g. ``"decode float8_e4m3fn"``
+    (``"prefill_tc bfloat16 wgmma"`` for the warpgroup kernel)."""
+    words = name.split()
+    dtypes = [w for w in words if w in DTYPES + FP8_DTYPES]
+    return " ".join(words[:1] + dtypes[:1] + (["wgmma"] if "'wgmma': True" in name else []))
+
+
+def sample(specs, every=3):
+    """Every ``every``-th specialisation, and the first of each :func:`family`
+    (every kernel factory in every cache dtype compiles at least once)."""
+    seen = set()
+    for i, spec in enumerate(specs):
+        fam = family(spec[0])
+        if i % every == 0 or fam not in seen:
+            seen.add(fam)
+            yield spec
+
+
+def _specs(everything):
+    specs = all_specializations()
+    return specs if everything else sample(specs)
+
+
 def _compile_slice(args):
     """Compile every ``step``-th specialisation from ``first``; return failures."""
-    first, step, cc = args
+    first, step, cc, everything = args
     from numba import cuda
 
     failures, count = [], 0
-    for i, (name, kernel, sig) in enumerate(all_specializations()):
+    for i, (name, kernel, sig) in enumerate(_specs(everything)):
         if i % step != first:
             continue
         try:
@@ -156,18 +203,19 @@ def _compile_slice(args):
     return count, failures
 
 
-def compile_all(jobs=1, cc=(9, 0)):
-    """Compile every specialisation to PTX for ``cc`` in ``jobs`` processes.
+def compile_all(jobs=1, cc=(9, 0), everything=True):
+    """Compile every specialisation (or, ``everything=False``, the :func:`sample`)
+    to PTX for ``cc`` in ``jobs`` processes.
 
     Returns ``(count, failures)``. Needs libNVVM (the numba-cuda ``cu12``/``cu13``
     extra), not a GPU; the simulator must be off.
     """
     if jobs == 1:
-        return _compile_slice((0, 1, cc))
+        return _compile_slice((0, 1, cc, everything))
     import multiprocessing
 
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        results = pool.map(_compile_slice, [(i, jobs, cc) for i in range(jobs)])
+        results = pool.map(_compile_slice, [(i, jobs, cc, everything) for i in range(jobs)])
     return sum(c for c, _ in results), [f for _, fs in results for f in fs]
 
 
@@ -176,8 +224,11 @@ if __name__ == "__main__":
     import sys
     import time
 
+    # python -m paged_numba.kernels.specializations [JOBS] [--sample]
     start = time.time()
-    count, failures = compile_all(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else os.cpu_count())
+    args = [a for a in sys.argv[1:] if a != "--sample"]
+    count, failures = compile_all(jobs=int(args[0]) if args else os.cpu_count(),
+                                  everything="--sample" not in sys.argv[1:])
     print("\n".join(failures))
     print(f"compiled {count} specialisations to PTX for sm_90 in {time.time() - start:.0f} s, "
           f"{len(failures)} failed")

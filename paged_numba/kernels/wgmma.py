@@ -64,7 +64,7 @@ def descriptor_fields(lbo, sbo):
     (bytes, multiples of 16 below 2**18) in their fields.
 
     >>> hex(descriptor_fields(128, 2048))
-    '0x8000000080000'
+    '0x8000080000'
     """
     for name, v in (("lbo", lbo), ("sbo", sbo)):
         if v % 16 or not 0 <= v < 2 ** 18:

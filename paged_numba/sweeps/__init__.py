@@ -11,8 +11,8 @@ sweep's figure when matplotlib is installed. From the shell::
     python -m paged_numba sweep --list
     python -m paged_numba sweep merge-rule --quick --out results/
 
-Registered sweeps (:data:`SWEEPS`): ``memory-waste`` and ``merge-rule`` need
-no GPU; ``exactness`` checks kernels against the float64 reference;
+Registered sweeps (:data:`SWEEPS`): ``memory-waste``, ``merge-rule`` and
+``fp8`` (the attention error of fp8 KV caches) need no GPU; ``exactness`` checks kernels against the float64 reference;
 ``decode``, ``paging-overhead`` and ``split-k`` time kernels (CUDA events on
 a GPU; on the simulator one wall-clock call per point, which measures the
 simulator, not a kernel).
@@ -43,6 +43,7 @@ from .definitions import (ALLOCATORS, L2_BYTES, MAX_ROTATIONS, PAGED_BLOCK_SIZES
                           measure_decode_time, measure_exactness, measure_memory_waste,
                           measure_merge_rule, softmax_average)
 from . import serving  # noqa: E402,F401  (registers sharing, prefix-cache)
+from . import fp8  # noqa: E402,F401  (registers fp8)
 
 __all__ = [
     "ALLOCATORS", "ENV_COLUMNS", "L2_BYTES", "MAX_ROTATIONS", "PAGED_BLOCK_SIZES", "SWEEPS",

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._group_decode import tile_heads
 from ..kernels import decode_tc
+from ..fp8 import is_fp8
 from ..kernels.decode import heads_per_block
 from ..reference import gather_kv, logits
 from .strategies import DecodeProblem, PrefillProblem  # noqa: F401  (the problems bounded here)
@@ -69,7 +70,7 @@ def gamma(n, u=U32):
 
 
 def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, dot_u=U32,
-                          pv=None, **variants):
+                          pv=None, scale_roundings=0, **variants):
     """Rounding-error bounds for fp32 softmax attention of one query row.
 
     A first-order forward error analysis of what any fp32 kernel computes,
@@ -90,7 +91,10 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     * with ``pv = (steps, w_rel, w_abs)`` (P @ V on tensor cores in ``steps``
       8-token steps, weights within ``w_rel`` relative and ``w_abs`` absolute),
       the output's ``gamma(L)`` share becomes ``gamma(2 L + 4 steps,
-      TENSOR_CORE_U) + w_rel``, and ``w_abs * sum_j |v_jd|`` is added.
+      TENSOR_CORE_U) + w_rel``, and ``w_abs * sum_j |v_jd|`` is added;
+    * ``scale_roundings`` more float32 roundings of the logit scale and of the
+      output (an fp8 cache: ``k_scale`` folded into the query's scale, the
+      output times ``v_scale``) add as many to the ``gamma`` of each.
 
     Returns ``(bound_out [num_heads, head_size], bound_lse [num_heads])``; the
     final rounding to the output dtype is added by :func:`check_close`.
@@ -112,6 +116,8 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     pv : tuple, optional
         ``(steps, w_rel, w_abs)`` for P @ V on tensor cores
         (:data:`PV_WEIGHT_ERROR`); None for fp32 FMAs.
+    scale_roundings : int
+        Extra roundings of the logit scale and of the output (1 for an fp8 cache).
     **variants
         ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
 
@@ -137,7 +143,7 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     group = num_heads // k.shape[1]
     z = logits(q[None], k, scale, **variants)[:, 0]                 # [num_heads, L]
     mags = np.einsum("hd,khd->hk", np.abs(q), np.abs(np.repeat(k, group, axis=1))) * abs(scale)
-    e_s = gamma(head_size + 2, dot_u) * mags.max(axis=1)            # [num_heads]
+    e_s = gamma(head_size + 2 + scale_roundings, dot_u) * mags.max(axis=1)   # [num_heads]
     if variants.get("logits_soft_cap") is not None:
         e_s = e_s + transcendental_ulps * U32 * variants["logits_soft_cap"]
     if variants.get("alibi_slopes") is not None:
@@ -150,7 +156,7 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     lse = np.log(w.sum(axis=1)) + zmax[:, 0]
     w /= w.sum(axis=1, keepdims=True)
     spread = np.einsum("hk,khd->hd", w, np.abs(np.repeat(v, group, axis=1)))  # sum_j w_j |v_jd|
-    g = gamma(k.shape[0] + 2 * num_merges + transcendental_ulps)
+    g = gamma(k.shape[0] + 2 * num_merges + transcendental_ulps + scale_roundings)
     if pv is None:
         bound = (2 * e_s + g)[:, None] * spread
     else:
@@ -177,7 +183,9 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     Where it runs MQA or a large group on the tensor-core prefill tile
     (``_group_decode.tile_heads``), each row is bounded as that kernel's query
     at position ``n - 1`` (:func:`prefill_error_bound` with ``tensor_cores``;
-    its merges, one per key, cover the split-K parts).
+    its merges, one per key, cover the split-K parts). For an fp8 problem
+    ``k`` and ``v`` are the dequantised pools (``stored * scale``, float64) and
+    the kernel's two scale multiplications count as ``scale_roundings=1``.
 
     Parameters
     ----------
@@ -220,6 +228,7 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     # MQA and groups of 32 or more run on the tensor-core prefill tile: its bound
     tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout)
     dot_u = TENSOR_CORE_U if tc else U32
+    fp8 = is_fp8(problem.dtype)           # the CUDA-core kernel, scales folded in
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
@@ -234,12 +243,13 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
             steps = min(int(n), -(-int(n) // 8) + 2 * num_partitions)
             pv = (steps, *PV_WEIGHT_ERROR[problem.dtype])
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
-                                                       dot_u=dot_u, pv=pv, **variants)
+                                                       dot_u=dot_u, pv=pv,
+                                                       scale_roundings=int(fp8), **variants)
     return bound, bound_lse
 
 
 def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=None,
-                        transcendental_ulps=8, tensor_cores=None, **variants):
+                        transcendental_ulps=8, tensor_cores=None, scale_roundings=0, **variants):
     """:func:`attention_error_bound` for query rows at arbitrary positions.
 
     ``q [num_q, num_heads, head_size]`` at ``q_positions [num_q]``; ``k, v
@@ -264,6 +274,8 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     rounding its sum with C: ``gamma(n + 2 (n // 16 + 2), TENSOR_CORE_U)``,
     beside the fp32 row sums' ``gamma(n + 2 num_merges + transcendental_ulps)``.
     The log-sum-exp is ``(m + log2 l) ln 2``: two more roundings of ``|lse|``.
+    ``scale_roundings`` (1 for an fp8 cache) adds to both ``gamma`` terms, as
+    in :func:`attention_error_bound`.
 
     Returns ``(bound [num_q, num_heads, head_size], bound_lse [num_q, num_heads])``;
     rows that admit no key get 0 (the kernel must return exact zeros there).
@@ -279,6 +291,8 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     transcendental_ulps : int
     tensor_cores : {"float16", "bfloat16"}, optional
         The dtype the tensor-core kernel rounds P to; None for fp32 products.
+    scale_roundings : int
+        Extra roundings of the logit scale and of the output.
     **variants
         ``sliding_window``, ``alibi_slopes``, ``logits_soft_cap``.
 
@@ -308,7 +322,8 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     admitted = np.isfinite(z[0])                                             # [num_q, L]
     mags = np.einsum("qhd,khd->hqk", np.abs(q), np.abs(kr)) * abs(scale)
     dot_u = U32 if tensor_cores is None else TENSOR_CORE_U
-    e_s = gamma(head_size + 2, dot_u) * np.where(admitted[None], mags, 0).max(axis=2)  # [H, num_q]
+    e_s = gamma(head_size + 2 + scale_roundings, dot_u) * np.where(admitted[None], mags,
+                                                                   0).max(axis=2)  # [H, num_q]
     if variants.get("logits_soft_cap") is not None:
         e_s = e_s + transcendental_ulps * U32 * variants["logits_soft_cap"]
     if variants.get("alibi_slopes") is not None:
@@ -324,7 +339,7 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
     total = np.where(empty, 1, w.sum(axis=2, keepdims=True))
     lse = (np.log(total) + np.where(empty, 0, zmax))[..., 0]                # [H, num_q]
     spread = np.einsum("hqk,khd->qhd", w / total, np.abs(vr))              # sum_j w_j |v_jd|
-    g = gamma(n + 2 * np.asarray(merges) + transcendental_ulps)             # [num_q]
+    g = gamma(n + 2 * np.asarray(merges) + transcendental_ulps + scale_roundings)   # [num_q]
     if tensor_cores is None:
         bound = (2 * e_s.T + g[:, None])[..., None] * spread
         bound_lse = e_s.T + g[:, None] + U32 * np.abs(lse.T)
@@ -342,7 +357,8 @@ def prefill_error_bound(q, k, v, scale, q_positions, causal=True, num_merges=Non
 
 def prefill_bounds(problem, q, k, v, scale=None, causal=True, tensor_cores=None, **variants):
     """:func:`prefill_error_bound` for every query row of a :class:`PrefillProblem`
-    (``k``, ``v`` are ``"nhd"`` pools).
+    (``k``, ``v`` are ``"nhd"`` pools; for an fp8 problem the dequantised ones,
+    bounded with ``scale_roundings=1``).
 
     Parameters
     ----------
@@ -377,6 +393,7 @@ def prefill_bounds(problem, q, k, v, scale=None, causal=True, tensor_cores=None,
     """
     if scale is None:
         scale = 1.0 / math.sqrt(problem.head_size)
+    fp8 = is_fp8(problem.dtype)
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     cu = problem.cu_seqlens_q
@@ -385,7 +402,8 @@ def prefill_bounds(problem, q, k, v, scale=None, causal=True, tensor_cores=None,
         kk, vv = gather_kv(k, v, problem.block_tables[i], n)
         pos = int(n) - (b - a) + np.arange(b - a)
         bound[a:b], bound_lse[a:b] = prefill_error_bound(q[a:b], kk, vv, scale, pos, causal,
-                                                         tensor_cores=tensor_cores, **variants)
+                                                         tensor_cores=tensor_cores,
+                                                         scale_roundings=int(fp8), **variants)
     return bound, bound_lse
 
 

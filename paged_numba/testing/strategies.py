@@ -11,10 +11,14 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
+from ..fp8 import FP8_DTYPES, QUERY_DTYPES, fp8_scales, is_fp8, quantize
 from ..layouts import from_nhd
 
 GQA_GROUPS = (1, 2, 4, 8)
-ALL_DTYPES = ("float16", "float32", "bfloat16")   # every dtype the kernels store
+ALL_DTYPES = ("float16", "float32", "bfloat16")   # every 16/32-bit dtype the kernels store
+__all__ = ["ALL_DTYPES", "FP8_DTYPES", "GQA_GROUPS", "DecodeProblem", "PrefillProblem",
+           "block_tables", "config_id", "decode_problems", "lengths", "prefill_problems",
+           "variants"]
 
 
 def lengths(block_size, max_len):
@@ -122,13 +126,41 @@ class _PagedProblem:
     def arrays(self):
         """Random ``query [query_rows, num_heads, head_size]`` and ``"nhd"`` pools
         ``[num_blocks, block_size, num_kv_heads, head_size]``, in ``dtype``
-        (``ml_dtypes.bfloat16`` arrays for ``"bfloat16"``)."""
+        (``ml_dtypes.bfloat16`` arrays for ``"bfloat16"``).
+
+        For an fp8 ``dtype`` the query is in :attr:`query_dtype` and the pools
+        hold the *stored* fp8 values: standard normal keys and values times a
+        magnitude of each KV head (``4 ** h``, so that per-head scales differ),
+        quantised with :meth:`scales` (see :func:`paged_numba.fp8.quantize`)."""
         rng = np.random.default_rng(self.seed)
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         q = rng.standard_normal((self.query_rows, self.num_heads, self.head_size))
         k = rng.standard_normal(shape)
         v = rng.standard_normal(shape)
-        return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
+        if not is_fp8(self.dtype):
+            return tuple(a.astype(np.dtype(self.dtype)) for a in (q, k, v))
+        k_scale, v_scale = self.scales()
+        k, v = self._fp8_inputs(k, v)
+        return (q.astype(np.dtype(self.query_dtype)), quantize(k, k_scale, self.dtype),
+                quantize(v, v_scale, self.dtype))
+
+    def _fp8_inputs(self, k, v):
+        """The float32 keys and values an fp8 problem quantises."""
+        mag = 4.0 ** np.arange(self.num_kv_heads)[:, None]
+        return (k * mag).astype(np.float32), (v * mag).astype(np.float32)
+
+    def scales(self):
+        """``(k_scale, v_scale)`` of an fp8 problem: ``paged_numba.fp8_scales`` of
+        its data, per KV head when :attr:`per_head_scales` (1.0 and 1.0 for
+        other dtypes)."""
+        if not is_fp8(self.dtype):
+            return 1.0, 1.0
+        rng = np.random.default_rng(self.seed)
+        rng.standard_normal((self.query_rows, self.num_heads, self.head_size))
+        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        k, v = self._fp8_inputs(rng.standard_normal(shape), rng.standard_normal(shape))
+        return (fp8_scales(k, self.dtype, self.per_head_scales),
+                fp8_scales(v, self.dtype, self.per_head_scales))
 
     def layout_pools(self, k, v):
         """``(key_cache, value_cache)`` host pools in this problem's layout."""
@@ -158,6 +190,15 @@ class DecodeProblem(_PagedProblem):
     ((2, 2, 8), (3, 4, 1, 8), dtype('float16'))
     >>> [a.shape for a in p.layout_pools(k, v)]        # "vllm", x = 16 // 2 = 8
     [(3, 1, 1, 4, 8), (3, 1, 8, 4)]
+
+    An fp8 problem draws its query in ``query_dtype`` and stores its keys and
+    values in fp8 with the scales of :meth:`scales`:
+
+    >>> f8 = DecodeProblem(**{**p.__dict__, "head_size": 16, "dtype": "float8_e5m2",
+    ...                       "query_dtype": "bfloat16", "per_head_scales": True})
+    >>> q, k, v = f8.arrays()
+    >>> q.dtype, k.dtype, [s.shape for s in f8.scales()]
+    (dtype(bfloat16), dtype(float8_e5m2), [(1,), (1,)])
     """
 
     num_seqs: int
@@ -171,6 +212,12 @@ class DecodeProblem(_PagedProblem):
     seq_lens: np.ndarray        # [num_seqs] int32
     block_tables: np.ndarray    # [num_seqs, max_blocks] int32
     seed: int
+    query_dtype: str = None     # fp8 dtype: the query's (float16, bfloat16 or float32)
+    per_head_scales: bool = False   # fp8 dtype: one scale per KV head, not one per tensor
+
+    def __post_init__(self):
+        if self.query_dtype is None:
+            self.query_dtype = "float16" if is_fp8(self.dtype) else self.dtype
 
     @property
     def query_rows(self):
@@ -180,16 +227,21 @@ class DecodeProblem(_PagedProblem):
 @st.composite
 def decode_problems(draw, head_sizes=(64, 80, 96, 112, 128, 256), block_sizes=(8, 16, 32),
                     layouts=("nhd", "vllm", "hnd", "interleaved"), dtypes=ALL_DTYPES,
-                    groups=GQA_GROUPS, max_kv_heads=2, max_seqs=3, max_seq_len=200):
+                    groups=GQA_GROUPS, max_kv_heads=2, max_seqs=3, max_seq_len=200,
+                    query_dtypes=QUERY_DTYPES):
     """Draw a :class:`DecodeProblem`.
 
     GQA group sizes come from ``groups`` and MQA (one KV head) is drawn
-    as often as the other head counts.
+    as often as the other head counts. An fp8 dtype (``FP8_DTYPES``) also
+    draws the query's dtype from ``query_dtypes`` and per-tensor or per-head
+    scales (and needs head sizes that are multiples of 16).
 
     Parameters
     ----------
     head_sizes, block_sizes, layouts, dtypes, groups : sequence
         Values to sample from (``num_heads = num_kv_heads * group``).
+    query_dtypes : sequence
+        Query dtypes of fp8 problems.
     max_kv_heads, max_seqs, max_seq_len : int
         Upper bounds of ``num_kv_heads``, ``num_seqs`` and each sequence length
         (drawn by :func:`lengths`).
@@ -218,12 +270,16 @@ def decode_problems(draw, head_sizes=(64, 80, 96, 112, 128, 256), block_sizes=(8
     seq_lens = np.array(draw(st.lists(lengths(block_size, max_seq_len),
                                       min_size=num_seqs, max_size=num_seqs)), np.int32)
     table, num_blocks = draw(block_tables(seq_lens, block_size))
-    return DecodeProblem(
+    p = DecodeProblem(
         num_seqs=num_seqs, num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
         head_size=draw(st.sampled_from(head_sizes)), block_size=block_size,
         num_blocks=max(num_blocks, 1), layout=draw(st.sampled_from(layouts)),
         dtype=draw(st.sampled_from(dtypes)), seq_lens=seq_lens, block_tables=table,
         seed=draw(st.integers(0, 2**32 - 1)))
+    if is_fp8(p.dtype):     # (drawn only here: other problems draw what they always drew)
+        p.query_dtype = draw(st.sampled_from(query_dtypes))
+        p.per_head_scales = draw(st.booleans())
+    return p
 
 
 @st.composite
@@ -310,6 +366,12 @@ class PrefillProblem(_PagedProblem):
     seq_lens: np.ndarray        # [num_seqs] int32
     block_tables: np.ndarray    # [num_seqs, max_blocks] int32
     seed: int
+    query_dtype: str = None     # fp8 dtype: the query's, as in DecodeProblem
+    per_head_scales: bool = False
+
+    def __post_init__(self):
+        if self.query_dtype is None:
+            self.query_dtype = "float16" if is_fp8(self.dtype) else self.dtype
 
     @property
     def cu_seqlens_q(self):
@@ -328,7 +390,8 @@ class PrefillProblem(_PagedProblem):
 @st.composite
 def prefill_problems(draw, head_sizes=(16, 32, 64, 128), block_sizes=(1, 4, 8, 16),
                      layouts=("nhd", "vllm", "hnd", "interleaved"), dtypes=("float16", "float32"),
-                     groups=GQA_GROUPS, max_kv_heads=2, max_seqs=3, max_q_len=40, max_cached=60):
+                     groups=GQA_GROUPS, max_kv_heads=2, max_seqs=3, max_q_len=40, max_cached=60,
+                     query_dtypes=QUERY_DTYPES):
     """Draw a :class:`PrefillProblem`.
 
     Query lengths are >= 1 (a sequence with no query rows is allowed by
@@ -341,6 +404,9 @@ def prefill_problems(draw, head_sizes=(16, 32, 64, 128), block_sizes=(1, 4, 8, 1
     ----------
     head_sizes, block_sizes, layouts, dtypes, groups : sequence
         Values to sample from.
+    query_dtypes : sequence
+        Query dtypes of fp8 problems (which also draw per-tensor or per-head
+        scales), as in :func:`decode_problems`.
     max_kv_heads, max_seqs : int
     max_q_len, max_cached : int
         Upper bounds of each query length and each cached length.
@@ -370,12 +436,16 @@ def prefill_problems(draw, head_sizes=(16, 32, 64, 128), block_sizes=(1, 4, 8, 1
                                     min_size=num_seqs, max_size=num_seqs)), np.int32)
     seq_lens = (q_lens + cached).astype(np.int32)
     table, num_blocks = draw(block_tables(seq_lens, block_size))
-    return PrefillProblem(
+    p = PrefillProblem(
         num_seqs=num_seqs, num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
         head_size=draw(st.sampled_from(head_sizes)), block_size=block_size,
         num_blocks=max(num_blocks, 1), layout=draw(st.sampled_from(layouts)),
         dtype=draw(st.sampled_from(dtypes)), q_lens=q_lens, seq_lens=seq_lens,
         block_tables=table, seed=draw(st.integers(0, 2**32 - 1)))
+    if is_fp8(p.dtype):
+        p.query_dtype = draw(st.sampled_from(query_dtypes))
+        p.per_head_scales = draw(st.booleans())
+    return p
 
 
 def config_id(config):

@@ -1,0 +1,384 @@
+"""The parts of the tensor-core prefill tile that do not depend on how the
+products are computed: its constants, the shared-memory layout of the query
+and K/V tiles, the paged gathers into it, the tile's key range, the logits'
+variants and mask, the online softmax on accumulator fragments and the
+epilogue. ``kernels.prefill_tc`` (``mma.sync``) and ``kernels.prefill_wgmma``
+(warpgroup products) build their kernels from them.
+
+:func:`tile_parts` returns a namespace of compile-time constants and device
+functions, specialised on the same arguments as the kernels. The fragment
+conventions are those of ``mma.m16n8k16`` (which ``wgmma`` accumulators share):
+a lane ``(r, c) = (lane // 4, lane % 4)`` of warp ``w`` holds, for m-tile
+``t``, rows ``16 (MT w + t) + r + 8 h`` (``h = 0, 1``) and, in n-tile ``i``,
+columns ``8 i + 2 c, 8 i + 2 c + 1``.
+"""
+import functools
+import math
+from types import SimpleNamespace
+
+from numba import cuda, float32, int32, uint32
+
+from .access import device_function, row_strides, vector_offsets, wide
+from .async_copy import commit_group, copy16_async, wait_group
+from .convert import codec
+from .decode import LOG2E, STORAGE, lane_reducer
+from .fastmath import exp2_approx
+from .mma import pack_pair
+from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
+
+FULL_MASK = 0xFFFFFFFF
+NO_LOWER_BOUND = -(2 ** 31)   # no window: no lower bound on the keys a row admits
+
+
+def cuda_function(fn):
+    """An inlined device function that uses the ``cuda`` module (warp votes,
+    block indices): under the simulator a device function proper, whose call
+    gives this module the simulated ``cuda`` as well."""
+    return cuda.jit(device=True, inline=True)(fn)
+
+NEG_INF = float32(-math.inf)
+LN2 = 0.6931471805599453
+
+
+@functools.cache
+def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
+               m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
+               token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES):
+    """Constants and device functions of one tile specialisation.
+
+    ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
+    ``8 i .. 8 i + 7`` of 16-byte chunk ``ch`` at ``(i * D / 8 + ch) * 128``
+    bytes, the copies in that order) instead of rows with XOR-swizzled
+    chunks; ``stages`` is the number of K/V tiles in the ring.
+    """
+    D = head_size
+    BLOCK_SIZE = block_size
+    HPB = heads_per_block
+    NW = num_warps
+    MT = int(m_tiles)                     # 16-row m-tiles a warp
+    M = 16 * MT * NW                      # rows of a tile
+    BQ = M // HPB                         # query tokens of a tile
+    BN = block_n
+    NT = 32 * NW
+    NCH = D // 8                          # 16-byte chunks of a row
+    SWZ = min(NCH, 8) - 1                 # swizzle mask
+    KSTEPS = D // 16                      # k-steps of S = Q K^T
+    NTILE_S = BN // 8                     # n-tiles of S
+    NTILE_O = D // 8                      # n-tiles of O
+    PV_STEPS = BN // 16                   # k-steps of O += P V
+    CHUNKS = BN * NCH                     # 16-byte chunks of a K (or V) tile
+    CPT = -(-CHUNKS // NT)                # ... that each thread copies
+    QCHUNKS = M * NCH
+    QCPT = -(-QCHUNKS // NT)
+    QREGS = (D <= 128) if q_in_regs is None else bool(q_in_regs)
+    SPLIT = bool(split_k)
+    CORE = bool(core_matrices)
+    assert HPB & (HPB - 1) == 0 and M % HPB == 0 and BN % 16 == 0 and NW >= 1
+    Q_OFF = 0
+    KV_OFF = M * D                        # stage s: K at KV_OFF + 2 s BN D, V after it
+    STAGES = int(stages)
+    TOTAL = KV_OFF + STAGES * 2 * BN * D
+    DYNAMIC_BYTES = 2 * TOTAL
+    assert DYNAMIC_BYTES <= MAX_SHARED_BYTES, "tile too large for shared memory"
+    STAGE_V = layout != "vllm"
+    # each thread copies chunk tid % NCH of rows tid // NCH + u NT / NCH, all at
+    # the same swizzle, so its slots differ by constants
+    FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % (SWZ + 1) == 0
+    if CORE:    # chunk order = slot order (8 rows of one chunk, then the next chunk)
+        FIXED_CHUNK = NT % (8 * NCH) == 0
+    # token_copies: TPT threads a token (or TOKS tokens a thread), CPTOK chunks each
+    TPT = max(1, NT // BN)
+    TOKS = max(1, BN // NT)
+    CPTOK = NCH // TPT
+    if token_copies and (TPT > NCH or NCH % TPT):
+        raise ValueError(f"token_copies needs 32 * num_warps / block_n <= head_size / 8 threads "
+                         f"a token, but got {TPT} for head_size={D}, block_n={BN}, "
+                         f"num_warps={NW}")
+    exp2 = exp2_approx if fast_exp2 else math.exp2
+    KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
+    SMEM_T = STORAGE[dtype]
+    k_flat, v_flat = vector_offsets(layout, 8, BLOCK_SIZE, D)
+    wait_all = wait_group(0)
+    pack = pack_pair(dtype)
+    _, from_f32 = codec(dtype)
+    quad_max = lane_reducer(3, True)
+    quad_sum = lane_reducer(3, False)
+
+
+    if CORE:
+        @device_function
+        def slot(base, row, ch):
+            """Flat index in shared memory of chunk ``ch`` of ``row`` (core matrices)."""
+            return base + ((row >> 3) * NCH + ch) * 64 + (row & 7) * 8
+
+        @device_function
+        def row_of(idx):
+            """The row of the ``idx``-th chunk a tile copies (in slot order)."""
+            return (idx // (8 * NCH)) * 8 + (idx & 7)
+
+        @device_function
+        def chunk_of(idx):
+            return (idx >> 3) % NCH
+    else:
+        @device_function
+        def slot(base, row, ch):
+            """Flat index in shared memory of chunk ``ch`` of ``row`` (swizzled)."""
+            return base + (row * NCH + (ch ^ (row & SWZ))) * 8
+
+        @device_function
+        def row_of(idx):
+            """The row of the ``idx``-th chunk a tile copies."""
+            return idx // NCH
+
+        @device_function
+        def chunk_of(idx):
+            return idx % NCH
+
+
+    # (base, block stride, token stride, chunk stride) of a thread's chunk
+    k_strides = row_strides(k_flat, 1)
+    v_strides = row_strides(v_flat if STAGE_V else k_flat, 1)
+
+    @device_function
+    def issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
+                       tid, kstr, vstr):
+        """``issue_tile`` with each thread copying chunks ``tid % TPT + TPT j`` of
+        tokens ``tid // TPT + k NT / TPT``: one table lookup a token."""
+        kbase = KV_OFF + 2 * stage * BN * D
+        vbase = kbase + BN * D
+        c0 = tid % TPT
+        for k in range(TOKS):
+            n = tid // TPT + k * (NT // TPT)
+            t = int32(min(max(kt + n, lo), last))
+            b = int32(uint32(t) // uint32(BLOCK_SIZE))
+            blk = block_tables[seq, b]
+            off = int32(t - b * BLOCK_SIZE)
+            ka = wide(blk, kstr[1]) + (kstr[0] + off * kstr[2])
+            va = wide(blk, vstr[1]) + (vstr[0] + off * vstr[2])
+            for j in range(CPTOK):
+                ch = c0 + TPT * j
+                copy16_async(sm, slot(kbase, n, ch), key_cache, ka + j * (TPT * kstr[3]))
+                if STAGE_V:
+                    copy16_async(sm, slot(vbase, n, ch), value_cache, va + j * (TPT * vstr[3]))
+                else:
+                    dv = slot(vbase, n, ch)
+                    for e in range(8):
+                        sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
+        commit_group()
+
+    @device_function
+    def issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
+                   tid, kstr, vstr, tid_slot):
+        """Start copying keys and values ``kt .. kt + BN - 1`` (clamped into
+        ``[lo, last]``) into ``stage`` of the ring, as one group; ``kstr``, ``vstr``
+        are this thread's :func:`strides`, ``tid_slot`` its first chunk's slot."""
+        kbase = KV_OFF + 2 * stage * BN * D
+        vbase = kbase + BN * D
+        for u in range(CPT):
+            idx = tid + u * NT
+            if CHUNKS % NT == 0 or idx < CHUNKS:
+                n = row_of(tid) + u * (NT // NCH) if FIXED_CHUNK else row_of(idx)
+                ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
+                t = int32(min(max(kt + n, lo), last))
+                b = int32(uint32(t) // uint32(BLOCK_SIZE))
+                blk = block_tables[seq, b]
+                off = int32(t - b * BLOCK_SIZE)
+                if FIXED_CHUNK:       # the same chunk and row % 8 for every u
+                    dk = kbase + tid_slot + u * NT * 8
+                    dv = dk + BN * D
+                    copy16_async(sm, dk, key_cache, wide(blk, kstr[1]) + (kstr[0] + off * kstr[2]))
+                else:
+                    dk = slot(kbase, n, ch)
+                    dv = slot(vbase, n, ch)
+                    copy16_async(sm, dk, key_cache, k_flat(key_cache, blk, kvh, off, ch))
+                if STAGE_V:
+                    if FIXED_CHUNK:
+                        copy16_async(sm, dv, value_cache,
+                                     wide(blk, vstr[1]) + (vstr[0] + off * vstr[2]))
+                    else:
+                        copy16_async(sm, dv, value_cache, v_flat(value_cache, blk, kvh, off, ch))
+                else:
+                    for e in range(8):
+                        sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
+        commit_group()
+
+    @cuda_function
+    def softmax_half(s, o, m, l_, sc, t, h):
+        """Online softmax of row half ``h`` of m-tile ``t`` (this lane's row ``16 t
+        + r + 8 h`` of the warp, logits ``s[t, :, 2 h:2 h + 2]``): the row maximum
+        over the quad, the rescale of O and the row sum where it grew (a warp
+        vote), then one FFMA and one exp2 a weight, summed into the lane's share."""
+        mx = NEG_INF
+        for i in range(NTILE_S):
+            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+        mx = quad_max(mx)
+        new = max(m[t, h], mx)
+        grew = new > m[t, h]
+        use = new if new != NEG_INF else float32(0.0)
+        if cuda.any_sync(FULL_MASK, grew):
+            alpha = exp2((m[t, h] - use) * sc)
+            l_[t, h] *= alpha
+            for i in range(NTILE_O):
+                o[t, i, 2 * h] *= alpha
+                o[t, i, 2 * h + 1] *= alpha
+        m[t, h] = new
+        sub = -use * sc
+        for i in range(NTILE_S):
+            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
+            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+
+    @cuda_function
+    def store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, t, h):
+        """Epilogue of row half ``h`` of m-tile ``t``: ``out = O / l`` in the
+        output dtype and ``lse = (m + log2 l) ln 2``, for rows of a valid query."""
+        rr = 16 * (MT * warp + t) + r + 8 * h
+        lsum = quad_sum(l_[t, h])
+        inv = float32(0.0)
+        if lsum != 0.0:
+            inv = float32(1.0) / lsum
+        if rr // HPB < nq:
+            row = row0 + q0 + rr // HPB
+            head = h0 + rr % HPB
+            part = cuda.blockIdx.z
+            for i in range(NTILE_O):
+                d = 8 * i + 2 * c
+                if SPLIT:
+                    out[row, part, head, d] = o[t, i, 2 * h] * inv
+                    out[row, part, head, d + 1] = o[t, i, 2 * h + 1] * inv
+                else:
+                    out[row, head, d] = from_f32(o[t, i, 2 * h] * inv)
+                    out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
+            if c == 0:
+                x = NEG_INF
+                if lsum != 0.0:
+                    x = (m[t, h] * sc + math.log2(lsum)) * float32(LN2)
+                if SPLIT:
+                    lse[row, part, head] = x
+                else:
+                    lse[row, head] = x
+
+
+    @device_function
+    def load_queries(sm, query, tid, row0, q0, nq, h0, num_heads):
+        """Start copying the tile's queries into shared memory (rows past ``nq``
+        repeat the last query)."""
+        for u in range(QCPT):
+            idx = tid + u * NT
+            if QCHUNKS % NT == 0 or idx < QCHUNKS:
+                row = row_of(idx)
+                ch = chunk_of(idx)
+                qi = min(row // HPB, nq - 1)
+                src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
+                copy16_async(sm, slot(Q_OFF, row, ch), query, src)
+
+    @cuda_function
+    def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window):
+        """The tile's sequence and keys: ``(seq, row0, q0, nq, pos0, kv_lo, kv_hi,
+        ntiles, kv_first)`` (split-K: this part's share of the key tiles)."""
+        seq = tile_seq[tile]
+        q0 = tile_q0[tile]
+        row0 = cu_seqlens_q[seq]
+        q_len = cu_seqlens_q[seq + 1] - row0
+        kv_len = seq_lens[seq]
+        nq = int32(min(BQ, q_len - q0))       # valid query tokens of this tile
+        pos0 = int32(kv_len - q_len + q0)     # position of its first query
+        kv_lo = int32(0 if window <= 0 else max(pos0 - window + 1, 0))
+        kv_hi = int32(min(pos0 + nq, kv_len) if causal else kv_len)
+        ntiles = int32(0)
+        if kv_hi > kv_lo:
+            ntiles = int32((kv_hi - kv_lo + BN - 1) // BN)
+        kv_first = kv_lo
+        if SPLIT:                             # this part's K/V tiles: j0 .. j0 + ntiles - 1
+            per = int32((ntiles + cuda.gridDim.z - 1) // cuda.gridDim.z)
+            j0 = int32(min(cuda.blockIdx.z * per, ntiles))
+            ntiles = int32(min(per, ntiles - j0))
+            kv_first = int32(kv_lo + j0 * BN)
+        return seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first
+
+    @device_function
+    def init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes):
+        """This lane's rows: positions, ALiBi slopes (base 2), running maxima and
+        sums; returns whether any of them has a slope."""
+        any_slope = False
+        for t in range(MT):
+            for h in range(2):
+                rr = 16 * (MT * warp + t) + r + 8 * h
+                pos[t, h] = int32(pos0 + min(rr // HPB, nq - 1))
+                slope[t, h] = alibi_slopes[h0 + rr % HPB] * float32(LOG2E)
+                any_slope = any_slope or slope[t, h] != 0.0
+                m[t, h] = NEG_INF
+                l_[t, h] = 0.0
+        return any_slope
+
+    @device_function
+    def logits(s, pos, slope, kt, c, pos0, nq, kv_hi, causal, window, qscale, soft_cap, cap2,
+               alibi, plain):
+        """The tile's logits in base 2 with the variants, and the mask where the
+        tile needs one (the causal diagonal, the window's edge, the context's end)."""
+        masked = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
+                  or (window > 0 and pos0 + nq - 1 - kt >= window))
+        if not plain:
+            for t in range(MT):
+                for i in range(NTILE_S):
+                    for e in range(4):
+                        s[t, i, e] *= qscale
+        if soft_cap > 0.0:
+            for t in range(MT):
+                for i in range(NTILE_S):
+                    for e in range(4):
+                        s[t, i, e] = cap2 * math.tanh(s[t, i, e] / cap2)
+        if alibi:
+            for t in range(MT):
+                for i in range(NTILE_S):      # distances in int32, exact in fp32
+                    for h in range(2):
+                        d0 = float32(int32(kt + 8 * i + 2 * c - pos[t, h]))
+                        s[t, i, 2 * h] += slope[t, h] * d0
+                        s[t, i, 2 * h + 1] += slope[t, h] * (d0 + float32(1.0))
+        if masked:
+            for t in range(MT):
+                for h in range(2):
+                    # row (t, h) admits keys lo <= k < hi: below the context's end, at
+                    # or before its position (causal), within the window
+                    p = pos[t, h]
+                    hi = int32(min(kv_hi, p + 1) if causal != 0 else kv_hi)
+                    lo = int32(p - window + 1 if window > 0 else NO_LOWER_BOUND)
+                    for i in range(NTILE_S):
+                        k = int32(kt + 8 * i + 2 * c)
+                        if k < lo or k >= hi:
+                            s[t, i, 2 * h] = NEG_INF
+                        if k + 1 < lo or k + 1 >= hi:
+                            s[t, i, 2 * h + 1] = NEG_INF
+
+    @device_function
+    def weights_half(s, m, l_, alpha, sc, t, h):
+        """:func:`softmax_half` without touching O: the factor O must be scaled by
+        goes to ``alpha[t, h]`` (1 where the row's maximum did not grow), for
+        :func:`rescale_half` once the product that writes O has landed."""
+        mx = NEG_INF
+        for i in range(NTILE_S):
+            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+        mx = quad_max(mx)
+        new = max(m[t, h], mx)
+        use = new if new != NEG_INF else float32(0.0)
+        alpha[t, h] = float32(1.0)
+        if new > m[t, h]:
+            alpha[t, h] = exp2((m[t, h] - use) * sc)
+            l_[t, h] *= alpha[t, h]
+        m[t, h] = new
+        sub = -use * sc
+        for i in range(NTILE_S):
+            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
+            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+
+    @cuda_function
+    def rescale_half(o, alpha, t, h):
+        """``O *= alpha`` for row half ``h`` of m-tile ``t``, where any row of the
+        warp grew (a warp vote)."""
+        if cuda.any_sync(FULL_MASK, alpha[t, h] != 1.0):
+            for i in range(NTILE_O):
+                o[t, i, 2 * h] *= alpha[t, h]
+                o[t, i, 2 * h + 1] *= alpha[t, h]
+
+    return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})

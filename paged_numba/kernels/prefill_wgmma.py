@@ -1,0 +1,223 @@
+"""Paged prefill attention with warpgroup products (``wgmma``, sm_90a).
+
+The tile, its arguments, grid and outputs are those of
+:func:`kernels.prefill_tc.prefill_tc_kernel` (its gathers, logits, softmax and
+epilogue come from :mod:`kernels.prefill_tc_parts`); what differs is how the
+two products run and how they overlap:
+
+* each four warps form a *warpgroup* owning 64 rows of the tile (warp ``w``
+  rows ``16 w .. 16 w + 15``, as before). ``S = Q K^T`` is ``D / 16``
+  ``wgmma.m64nBNk16`` products reading Q and K straight from shared memory;
+  ``O += P V`` is ``BN / 16`` ``wgmma.m64nDk16`` products with P in registers
+  (the S accumulators rounded to the cache dtype are the A fragments as they
+  lie) and V from shared memory (MN-major: no transposing load);
+* the tiles sit in shared memory as *core matrices* (rows ``8 i .. 8 i + 7`` of
+  16-byte chunk ``ch`` at ``(i * D / 8 + ch) * 128`` bytes), which the
+  ``cp.async`` gathers write in address order;
+* the loop is software-pipelined across key tiles: iteration ``j`` issues
+  ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, waits for
+  ``S_j`` only, computes the softmax of tile ``j`` (maxima, weights, row sums)
+  while ``P V`` still runs on the tensor cores, then waits for ``P V``,
+  rescales O and rounds ``P_j`` into the A registers (which the product in
+  flight was reading). A three-stage K/V ring keeps tile ``j - 1``'s values resident
+  while tile ``j + 1`` is copied in; one barrier a tile.
+
+The arithmetic of every row is that of the ``mma.sync`` kernel, up to the
+tensor cores' order of accumulation, and the same bound holds
+(``testing.prefill_error_bound(tensor_cores=dtype)``).
+"""
+import functools
+
+from numba import config, cuda, float32, int32, uint32
+
+from . import wgmma as wg
+from .access import device_function
+from .async_copy import commit_group
+from .decode import LOG2E
+from .prefill_tc_parts import FULL_MASK, tile_parts
+from .prefill_tc_tiling import supports
+
+STAGES = 3            # K/V tiles in the ring: j - 1 (values), j (keys), j + 1 (in flight)
+
+
+def wgmma_shared_bytes(head_size, num_warps, block_n):
+    """Dynamic shared memory of one block: 16 query rows a warp and a
+    three-stage K/V ring, 2 bytes an element.
+
+    >>> wgmma_shared_bytes(128, 8, 64)
+    131072
+    """
+    return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
+
+
+@functools.cache
+def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
+                         num_warps=8, max_registers=None, fast_exp2=False, split_k=False):
+    """Compile-time specialised warpgroup prefill kernel: arguments, grid,
+    outputs and ``split_k`` as for :func:`kernels.prefill_tc.prefill_tc_kernel`
+    with one m-tile a warp; ``num_warps`` a multiple of 4 (whole warpgroups),
+    ``block_n`` a multiple of 16 up to 256. The launch needs
+    ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory.
+    Runs on sm_90a GPUs (H100, H200) and under the simulator."""
+    if not supports(head_size, dtype, layout):
+        raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
+                         f"{layout}")
+    if num_warps % 4 or not 16 <= block_n <= 256 or block_n % 16:
+        raise ValueError(f"wgmma needs num_warps a multiple of 4 and block_n a multiple of 16 "
+                         f"up to 256, but got num_warps={num_warps}, block_n={block_n}")
+    P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
+                   1, split_k, True, fast_exp2, False, False, STAGES)
+    D, BN, NCH, KSTEPS, PV_STEPS = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS
+    NTILE_S, NTILE_O, STAGE_V, KV_OFF = P.NTILE_S, P.NTILE_O, P.STAGE_V, P.KV_OFF
+    HPB, KV_HEAD_AXIS, SMEM_T, Q_OFF = P.HPB, P.KV_HEAD_AXIS, P.SMEM_T, P.Q_OFF
+    pack, wait_all = P.pack, P.wait_all
+    slot, row_of, chunk_of = P.slot, P.row_of, P.chunk_of
+    k_strides, v_strides = P.k_strides, P.v_strides
+    issue_tile, load_queries = P.issue_tile, P.load_queries
+    tile_range, init_rows, logits = P.tile_range, P.init_rows, P.logits
+    weights_half, rescale_half, store_half = P.weights_half, P.rescale_half, P.store_half
+    # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
+    # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
+    mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
+    mma_o = wg.wgmma_rs(dtype, D, NCH * 128, 128, True)
+    pin_s, wait_s = wg.pin(BN // 2), wg.wait_pin(1, BN // 2)
+    wait_s_alone = wg.wait_pin(0, BN // 2)
+    pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
+    pin_p = wg.pin(4 * PV_STEPS)
+    fence, commit, fence_proxy = wg.fence, wg.commit, wg.fence_proxy_async
+
+    @device_function
+    def next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+                  ntiles, j, tid, kstr, vstr, tid_slot):
+        """Wait for tile ``j``'s copies, make them visible to the tensor cores, and
+        start copying tile ``j + 1`` (into the stage tile ``j - 2`` used)."""
+        wait_all()
+        fence_proxy()       # this thread's copies, visible to the tensor cores' reads
+        cuda.syncthreads()  # everyone's copies landed; everyone is done with tile j - 2
+        if j + 1 < ntiles:
+            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh,
+                       kv_first + (j + 1) * BN, kv_lo, last, (j + 1) % STAGES, tid, kstr, vstr,
+                       tid_slot)
+
+    @device_function
+    def issue_s(s, sm, qbase, stage):
+        """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
+        kbase = KV_OFF + 2 * stage * BN * D
+        for kk in range(KSTEPS):
+            mma_s(s, sm, qbase + 128 * kk, sm, kbase + 128 * kk, kk > 0)
+        commit()
+
+    @device_function
+    def issue_pv(o, pa, sm, stage):
+        """Issue ``O += P V`` on the values of ``stage`` (BN / 16 products, one group)."""
+        vbase = KV_OFF + (2 * stage + 1) * BN * D
+        for ks in range(PV_STEPS):                 # keys 16 ks .. 16 ks + 15
+            mma_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], sm, vbase + ks * 16 * D, True)
+        commit()
+
+    @device_function
+    def tile_weights(s, m, l_, alpha, pos, slope, kt, c, pos0, nq, kv_hi, causal, window,
+                     qscale, soft_cap, cap2, alibi, sc):
+        """Logits, mask and softmax weights of the tile at keys ``kt ..`` (O untouched)."""
+        logits(s, pos, slope, kt, c, pos0, nq, kv_hi, causal, window, qscale, soft_cap, cap2,
+               alibi, False)
+        weights_half(s, m, l_, alpha, sc, 0, 0)
+        weights_half(s, m, l_, alpha, sc, 0, 1)
+
+    @device_function
+    def pack_p(pa, s):
+        """The weights rounded to the cache dtype as the A words of ``P V``."""
+        for ks in range(PV_STEPS):
+            pa[ks, 0] = pack(s[0, 2 * ks, 0], s[0, 2 * ks, 1])
+            pa[ks, 1] = pack(s[0, 2 * ks, 2], s[0, 2 * ks, 3])
+            pa[ks, 2] = pack(s[0, 2 * ks + 1, 0], s[0, 2 * ks + 1, 1])
+            pa[ks, 3] = pack(s[0, 2 * ks + 1, 2], s[0, 2 * ks + 1, 3])
+
+    @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
+                 else dict(max_registers=max_registers)))
+    def paged_prefill_wgmma_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                   cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
+                                   alibi_slopes, soft_cap, window):
+        tid = int32(cuda.threadIdx.x)
+        lane = int32(tid % 32)
+        warp = int32(tid // 32)
+        r = int32(lane // 4)
+        c = int32(lane % 4)
+        num_heads = query.shape[1]
+        group = num_heads // key_cache.shape[KV_HEAD_AXIS]
+        h0 = cuda.blockIdx.y * HPB
+        kvh = h0 // group
+        seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
+            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
+        last = int32(kv_hi - 1)
+
+        sm = cuda.shared.array(0, SMEM_T, alignment=16)
+        kstr = k_strides(key_cache, kvh, chunk_of(tid))
+        vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, chunk_of(tid))
+        tid_slot = slot(0, row_of(tid), chunk_of(tid))
+        qbase = Q_OFF + (warp >> 2) * 64 * D       # this warpgroup's 64 query rows
+
+        load_queries(sm, query, tid, row0, q0, nq, h0, num_heads)
+        if ntiles > 0:
+            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+                       0, tid, kstr, vstr, tid_slot)
+        else:
+            commit_group()
+
+        pos = cuda.local.array((1, 2), int32)
+        slope = cuda.local.array((1, 2), float32)
+        m = cuda.local.array((1, 2), float32)
+        l_ = cuda.local.array((1, 2), float32)
+        alpha = cuda.local.array((1, 2), float32)
+        qscale = scale * float32(LOG2E)
+        cap2 = soft_cap * float32(LOG2E)
+        any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
+        alibi = cuda.any_sync(FULL_MASK, any_slope)
+        sc = float32(1.0)
+        s = cuda.local.array((1, NTILE_S, 4), float32)
+        o = cuda.local.array((1, NTILE_O, 4), float32)
+        pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
+        for i in range(NTILE_O):
+            for e in range(4):
+                o[0, i, e] = 0.0
+
+        # prologue S_0; steady state j: S_j with P_{j-1} V_{j-1} in flight; epilogue
+        # P_{n-1} V_{n-1}. No branch lies between a product's issue and its wait.
+        if ntiles > 0:
+            next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+                      ntiles, 0, tid, kstr, vstr, tid_slot)
+            pin_s(s)
+            fence()
+            issue_s(s, sm, qbase, 0)
+            wait_s_alone(s)
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
+                         window, qscale, soft_cap, cap2, alibi, sc)
+            pack_p(pa, s)
+        for j in range(1, ntiles):
+            next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+                      ntiles, j, tid, kstr, vstr, tid_slot)
+            pin_s(s)
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_s(s, sm, qbase, j % STAGES)
+            issue_pv(o, pa, sm, (j - 1) % STAGES)
+            wait_s(s)                   # S_j landed; P V may still run
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
+                         causal, window, qscale, soft_cap, cap2, alibi, sc)
+            wait_o(o)                   # P_{j-1} V_{j-1} landed: O and P's registers are free
+            rescale_half(o, alpha, 0, 0)
+            rescale_half(o, alpha, 0, 1)
+            pack_p(pa, s)
+        if ntiles > 0:
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_pv(o, pa, sm, (ntiles - 1) % STAGES)
+            wait_o(o)
+
+        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
+        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+
+    paged_prefill_wgmma_kernel.dynamic_shared_bytes = P.DYNAMIC_BYTES
+    return paged_prefill_wgmma_kernel
