@@ -12,84 +12,8 @@ from .kernels import prefill_tc
 from .kernels.prefill_wgmma import wgmma_shared_bytes
 from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
-
-
-def _host_int(name, x):
-    """A host int64 copy of an integer array (device arrays are copied), its
-    entries checked against the int32 range the kernels narrow them to. Lists
-    and tuples are checked entry by entry (:func:`_checks.int_sequence`)."""
-    host = x if isinstance(x, (list, tuple)) else _arrays.to_host(x)
-    return C.int_array(name, host, dtype=np.int64)
-
-
-def uses_tensor_cores(cache, tensor_cores=None):
-    """Whether prefill over ``cache`` runs on tensor cores
-    (:mod:`paged_numba.kernels.prefill_tc`): by default where that kernel
-    applies (fp16/bf16 caches, head sizes 16, 32, 64, 128, 256); ``True``
-    insists (``ValueError`` where it does not apply), ``False`` declines.
-
-    >>> from paged_numba import PagedKVCache
-    >>> uses_tensor_cores(PagedKVCache(2, 4, 1, 64)), uses_tensor_cores(PagedKVCache(2, 4, 1, 72))
-    (True, False)
-    """
-    usable = prefill_tc.supports(cache.head_size, cache.dtype.name, cache.layout)
-    if tensor_cores is None:
-        return usable
-    if not isinstance(tensor_cores, (bool, np.bool_)):
-        raise ValueError(f"tensor_cores must be None, True or False, but got {tensor_cores!r}.")
-    if tensor_cores and not usable:
-        raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache and a head size in "
-                         f"(16, 32, 64, 128, 256), but got {cache.dtype.name}, head_size="
-                         f"{cache.head_size}.")
-    return bool(tensor_cores)
-
-
-def plan_tiles(q_lens, seq_lens, block_q, causal=True, sliding_window=None):
-    """The tile list: ``(tile_seq, tile_q0)`` int32 ``[num_tiles]``.
-
-    Sequence ``s`` gets tiles at ``q0 = 0, block_q, 2 * block_q, ...`` below
-    its query length. Tiles are ordered by the keys they read, most first,
-    so that the long tiles of a mixed batch start early and short ones fill
-    the gaps at the end.
-
-    Parameters
-    ----------
-    q_lens, seq_lens : array of int, ``[num_seqs]``
-        Query rows and cached tokens (this step's included) of each sequence.
-    block_q : int
-        Query tokens per tile.
-    causal : bool
-        A tile reads keys up to its last query's position; ``False``: all keys.
-    sliding_window : int, optional
-        A tile reads no key older than its first query's window.
-
-    Returns
-    -------
-    tile_seq, tile_q0 : numpy.ndarray of int32, ``[num_tiles]``
-        Sequence and first query row (within the sequence) of each tile.
-
-    Examples
-    --------
-    >>> # sequence 0: a 5-token prompt; sequence 1: 2 new tokens after 8 cached
-    >>> plan_tiles([5, 2], [5, 10], block_q=2)
-    (array([1, 0, 0, 0], dtype=int32), array([0, 4, 2, 0], dtype=int32))
-    >>> # keys read, causal: (1, 0) -> 10; (0, 4) -> 5; (0, 2) -> 4; (0, 0) -> 2
-    >>> plan_tiles([5, 2], [5, 10], block_q=2, sliding_window=3)
-    (array([0, 1, 0, 0], dtype=int32), array([2, 0, 4, 0], dtype=int32))
-    >>> # keys 0..3 (4 keys), 6..9 (4, ties keep their order), 2..4 (3), 0..1 (2)
-    """
-    seqs, starts, work = [], [], []
-    for s, (n, kv) in enumerate(zip(np.asarray(q_lens).tolist(), np.asarray(seq_lens).tolist())):
-        for q0 in range(0, n, block_q):
-            last = kv - n + min(q0 + block_q, n) - 1          # position of the tile's last query
-            hi = last + 1 if causal else kv
-            lo = 0 if sliding_window is None else max(kv - n + q0 - sliding_window + 1, 0)
-            seqs.append(s)
-            starts.append(q0)
-            work.append(hi - lo)
-    order = np.argsort(-np.asarray(work, np.int64), kind="stable")
-    return (np.asarray(seqs, np.int32)[order].reshape(-1),
-            np.asarray(starts, np.int32)[order].reshape(-1))
+from ._prefill_plan import (  # noqa: F401  (prefill.plan_tiles etc., as before)
+    _OPTION_CHECKS, _host_int, _kernel_options, _knob, plan_tiles, uses_tensor_cores)
 
 
 class PrefillPlan:
@@ -408,33 +332,6 @@ class PrefillPlan:
                 f"block_n={self.block_n}, num_warps={self.num_warps}, num_tiles={self.num_tiles}, "
                 f"num_parts={self.num_parts}, "
                 f"tensor_cores={self.tensor_cores})")
-
-
-def _knob(name, value, default, hi=None):
-    return default if value is None else C.integer(name, value, lo=1, hi=hi)
-
-
-# kernel_options: each key's check (the tensor-core kernel factory's keyword arguments)
-_OPTION_CHECKS = {
-    "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
-    "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
-    "wgmma": C.flag,
-    "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
-}
-
-
-def _kernel_options(kernel_options):
-    """``kernel_options`` (None or a dict) with known keys and checked values."""
-    if kernel_options is None:
-        return {}
-    if not isinstance(kernel_options, dict):
-        raise ValueError(f"kernel_options must be a dict or None, but got {kernel_options!r}.")
-    unknown = set(kernel_options) - set(_OPTION_CHECKS)
-    if unknown:
-        raise ValueError(f"kernel_options may hold {sorted(_OPTION_CHECKS)}, but got "
-                         f"{sorted(unknown)}.")
-    return {key: _OPTION_CHECKS[key](f"kernel_options['{key}']", value)
-            for key, value in kernel_options.items()}
 
 
 def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causal=True,

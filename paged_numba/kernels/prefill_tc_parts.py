@@ -202,31 +202,41 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                         sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
         commit_group()
 
+    @device_function
+    def row_max(s, m, t, h):
+        """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
+        logits (over the quad of lanes that share the row)."""
+        mx = NEG_INF
+        for i in range(NTILE_S):
+            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+        return max(m[t, h], quad_max(mx))
+
+    @device_function
+    def exp_weights(s, l_, sc, use, t, h):
+        """Logits -> weights ``exp2(x sc - use sc)`` in place, one FFMA and one
+        exp2 each, summed into the lane's share of the row sum."""
+        sub = -use * sc
+        for i in range(NTILE_S):
+            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
+            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+
     @cuda_function
     def softmax_half(s, o, m, l_, sc, t, h):
         """Online softmax of row half ``h`` of m-tile ``t`` (this lane's row ``16 t
         + r + 8 h`` of the warp, logits ``s[t, :, 2 h:2 h + 2]``): the row maximum
         over the quad, the rescale of O and the row sum where it grew (a warp
         vote), then one FFMA and one exp2 a weight, summed into the lane's share."""
-        mx = NEG_INF
-        for i in range(NTILE_S):
-            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
-        mx = quad_max(mx)
-        new = max(m[t, h], mx)
-        grew = new > m[t, h]
+        new = row_max(s, m, t, h)
         use = new if new != NEG_INF else float32(0.0)
-        if cuda.any_sync(FULL_MASK, grew):
+        if cuda.any_sync(FULL_MASK, new > m[t, h]):
             alpha = exp2((m[t, h] - use) * sc)
             l_[t, h] *= alpha
             for i in range(NTILE_O):
                 o[t, i, 2 * h] *= alpha
                 o[t, i, 2 * h + 1] *= alpha
         m[t, h] = new
-        sub = -use * sc
-        for i in range(NTILE_S):
-            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
-            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
-            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+        exp_weights(s, l_, sc, use, t, h)
 
     @cuda_function
     def store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, t, h):
@@ -355,22 +365,14 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         """:func:`softmax_half` without touching O: the factor O must be scaled by
         goes to ``alpha[t, h]`` (1 where the row's maximum did not grow), for
         :func:`rescale_half` once the product that writes O has landed."""
-        mx = NEG_INF
-        for i in range(NTILE_S):
-            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
-        mx = quad_max(mx)
-        new = max(m[t, h], mx)
+        new = row_max(s, m, t, h)
         use = new if new != NEG_INF else float32(0.0)
         alpha[t, h] = float32(1.0)
         if new > m[t, h]:
             alpha[t, h] = exp2((m[t, h] - use) * sc)
             l_[t, h] *= alpha[t, h]
         m[t, h] = new
-        sub = -use * sc
-        for i in range(NTILE_S):
-            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
-            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
-            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+        exp_weights(s, l_, sc, use, t, h)
 
     @cuda_function
     def rescale_half(o, alpha, t, h):
