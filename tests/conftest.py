@@ -31,7 +31,7 @@ settings.load_profile(os.environ.get(
 # --durations). ``python -m pytest -m "not slow" paged_numba tests`` leaves them out and
 # still runs every public function on the simulator (the doctests and the small tests);
 # the default run, CI's, runs them all. Keys are test files; values are test functions,
-# or single parametrisations by their full name.
+# single parametrisations by their full name, or test classes (state machines).
 SLOW = {
     "test_ptx.py": {"test_specialisations_compile_to_ptx"},
     "test_decode.py": {
@@ -52,7 +52,18 @@ SLOW = {
         "test_prefill_explicit_cases[tc-long]", "test_prefill_explicit_cases[tc-long-two-warps]",
         "test_tc_prefill_window_and_variants", "test_tc_prefill_kernel_options",
         "test_tc_prefill_split_k[two-parts]", "test_tc_prefill_split_k[more-parts-than-tiles]",
+        "test_tc_prefill_split_k[mqa-decode]", "test_tc_prefill_wgmma[split-k]",
+        "test_tc_prefill_wgmma[two-warpgroups]",
     },
+    "test_interop.py": {
+        "test_large_group_decode_writes_out_and_lse_in_place",
+        "test_plans_write_out_and_lse_in_place_and_repack_for_new_buffers",
+        "test_every_launching_call_takes_every_kind_of_stream",
+    },
+    "test_fp8.py": {"test_fp8_decode_matches_reference"},
+    "test_bookkeeping_machines.py": {"TestManagerMachine"},
+    "test_serving_sims.py": {
+        "test_system_prompts_raise_the_batch_and_chat_history_thrashes_a_small_pool"},
     "test_transformers.py": {
         "test_generate_matches_model_generate",
         "test_generate_with_preemption_matches_model_generate",
@@ -66,5 +77,7 @@ def pytest_collection_modifyitems(items):
     """Mark the tests named in :data:`SLOW` ``slow``."""
     for item in items:
         names = SLOW.get(item.path.name, ())
-        if item.name in names or getattr(item, "originalname", None) in names:
+        cls = getattr(item, "cls", None)
+        if (item.name in names or getattr(item, "originalname", None) in names
+                or (cls is not None and cls.__name__ in names)):
             item.add_marker(pytest.mark.slow)
