@@ -75,17 +75,18 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
     k, _ = _arrays.as_device(key, "key")
     v, _ = _arrays.as_device(value, "value")
     expected = (cache.num_kv_heads, cache.head_size)
+    dtypes = []
     for name, x, given in (("key", k, key), ("value", v, value)):
         V.check_ndim(name, x, 3, "[num_tokens, num_kv_heads, head_size]")
         if V.shape_of(x)[1:] != expected:
             raise ValueError(
                 f"{name} must be [num_tokens, {expected[0]}, {expected[1]}] for this cache, "
                 f"but got {V.shape_of(x)}.")
-        V.compute_dtype(name, given, cache)   # the caller's array: bf16 is uint16 on device
-    if V.compute_dtype("key", key, cache) != V.compute_dtype("value", value, cache):
+        # the caller's array: bf16 is uint16 on device
+        dtypes.append(V.compute_dtype(name, given, cache))
+    if dtypes[0] != dtypes[1]:
         raise ValueError(f"key and value must have the same dtype, but got "
-                         f"{V.compute_dtype('key', key, cache).name} and "
-                         f"{V.compute_dtype('value', value, cache).name}.")
+                         f"{dtypes[0].name} and {dtypes[1].name}.")
     if V.shape_of(k) != V.shape_of(v):
         raise ValueError(
             f"key and value must have the same shape, but got {V.shape_of(k)} and {V.shape_of(v)}.")
