@@ -163,10 +163,10 @@ def to_host(x, dtype=None):
 
 
 def host_bits(x):
-    """A C-contiguous host array as the device stores it (bfloat16 as uint16),
-    for ``copy_to_device``."""
+    """A C-contiguous host array as the device stores it (:func:`storage_dtype`:
+    bfloat16 as uint16, fp8 as its uint8 codes), for ``copy_to_device``."""
     x = np.ascontiguousarray(x)
-    return x.view(_BITS) if x.dtype == BFLOAT16 else x
+    return x.view(storage_dtype(x.dtype))
 
 
 def zeros(shape, dtype):

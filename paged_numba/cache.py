@@ -24,13 +24,6 @@ def _cache_dtype(dtype):
     return dt
 
 
-def _bits(x):
-    """A C-contiguous host pool as the device stores it: fp8 as its uint8 codes,
-    bfloat16 as uint16."""
-    x = np.ascontiguousarray(x)
-    return x.view(np.uint8) if _fp8.is_fp8(x.dtype) else _arrays.host_bits(x)
-
-
 def kernel_scales(cache):
     """The kernels' trailing scale arguments for ``cache``: ``(kv_scales,)``, the
     device array ``[2, num_kv_heads]`` float32 of K's and V's scales, for an
@@ -179,9 +172,9 @@ class PagedKVCache:
         geometry = infer_geometry(key_cache.shape, value_cache.shape, layout, key_cache.dtype)
         cache = cls(*geometry, dtype=key_cache.dtype, layout=layout, k_scale=k_scale,
                     v_scale=v_scale)
-        cache.key_cache.copy_to_device(_bits(key_cache))
+        cache.key_cache.copy_to_device(_arrays.host_bits(key_cache))
         if layout != "interleaved":      # there the one pool holds both
-            cache.value_cache.copy_to_device(_bits(value_cache))
+            cache.value_cache.copy_to_device(_arrays.host_bits(value_cache))
         return cache
 
     @classmethod
