@@ -17,10 +17,12 @@ two products run and how they overlap:
 * the loop is software-pipelined across key tiles: iteration ``j`` issues
   ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, waits for
   ``S_j`` only, computes the softmax of tile ``j`` (maxima, weights, row sums)
-  while ``P V`` still runs on the tensor cores, then waits for ``P V``,
-  rescales O and rounds ``P_j`` into the A registers (which the product in
-  flight was reading). A three-stage K/V ring keeps tile ``j - 1``'s values resident
-  while tile ``j + 1`` is copied in; one barrier a tile.
+  while ``P V`` still runs on the tensor cores, then waits for ``P V`` and
+  rounds ``P_j`` into the A registers (which the product in flight was
+  reading). O is rescaled to tile ``j``'s maxima in the next iteration, between
+  issuing ``S_{j+1}`` and ``P_j V_j``. A three-stage K/V ring keeps tile
+  ``j - 1``'s values resident while tile ``j + 1`` is copied in; one barrier a
+  tile.
 
 The arithmetic of every row is that of the ``mma.sync`` kernel, up to the
 tensor cores' order of accumulation, and the same bound holds
@@ -83,6 +85,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     pin_s, wait_s = wg.pin(BN // 2), wg.wait_pin(1, BN // 2)
     wait_s_alone = wg.wait_pin(0, BN // 2)
     pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
+    wait_o_twin = wg.wait_pin(0, D // 2, tag=1)     # the same wait, another instruction
     pin_p = wg.pin(4 * PV_STEPS)
     fence, commit, fence_proxy = wg.fence, wg.commit, wg.fence_proxy_async
 
@@ -197,19 +200,29 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
             next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
                       ntiles, j, tid, kstr, vstr, tid_slot)
             pin_s(s)
+            fence()
+            issue_s(s, sm, qbase, j % STAGES)
+            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
+            rescale_half(o, alpha, 0, 1)
             pin_p(pa)
             pin_o(o)
             fence()
-            issue_s(s, sm, qbase, j % STAGES)
             issue_pv(o, pa, sm, (j - 1) % STAGES)
             wait_s(s)                   # S_j landed; P V may still run
             tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
                          causal, window, qscale, soft_cap, cap2, alibi, sc)
-            wait_o(o)                   # P_{j-1} V_{j-1} landed: O and P's registers are free
-            rescale_half(o, alpha, 0, 0)
-            rescale_half(o, alpha, 0, 1)
+            # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
+            # plain wait above the softmax (nothing ties them), serialising it
+            # with P V; a branch on the row sums (always taken: a sum is >= 0 or
+            # NaN) keeps it after them.
+            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
+                wait_o(o)
+            else:
+                wait_o_twin(o)
             pack_p(pa, s)
         if ntiles > 0:
+            rescale_half(o, alpha, 0, 0)
+            rescale_half(o, alpha, 0, 1)
             pin_p(pa)
             pin_o(o)
             fence()

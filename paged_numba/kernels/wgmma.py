@@ -44,7 +44,10 @@ returns a device function passing the first ``count`` elements of a local
 array through an empty volatile instruction, so that the compiler cannot
 move their computation past the fence; ``wait_pin(n, count)`` waits until
 at most ``n`` committed groups are in flight and pins the array the same
-way, so that nothing reads an accumulator before its product has landed.
+way, so that nothing reads an accumulator before its product has landed
+(``tag`` gives the same wait as a distinct instruction, for the two arms of a
+branch that the compiler must not merge). Note that ptxas orders a wait only
+after what it depends on: it hoists a wait above independent arithmetic.
 
 Under the simulator the products are computed at once, per thread, in
 float64 from the shared array (rounded to float32), the A fragments of the
@@ -169,7 +172,7 @@ if config.ENABLE_CUDASIM:
         return pin_
 
     @functools.cache
-    def wait_pin(n, count):
+    def wait_pin(n, count, tag=0):
         def wait(arr):
             pass
         return wait
@@ -231,8 +234,8 @@ else:
         return pin_
 
     @functools.cache
-    def wait_pin(n, count):
-        text = f"wgmma.wait_group.sync.aligned {int(n)};"
+    def wait_pin(n, count, tag=0):
+        text = f"wgmma.wait_group.sync.aligned {int(n)};" + (f" // {int(tag)}" if tag else "")
 
         @intrinsic
         def wait(typingctx, arr):
