@@ -122,6 +122,50 @@ def _rendezvous(mask, op, value):
     return lane, lanes, exchanges[key].swap(lane, op, value)
 
 
+class _NamedBarrier:
+    """One of a block's named barriers (``bar.sync`` / ``bar.arrive``): it
+    completes when ``count`` threads have arrived, then starts over."""
+
+    def __init__(self, count):
+        self.count = count
+        self.lock = threading.Lock()
+        self.arrived = 0
+        self.done = threading.Event()
+
+    def arrive(self, count, wait):
+        if count != self.count:
+            raise RuntimeError("named barrier used with thread counts %d and %d"
+                               % (self.count, count))
+        with self.lock:
+            self.arrived += 1
+            done = self.done
+            if self.arrived == self.count:
+                self.arrived = 0
+                self.done = threading.Event()
+                done.set()
+        if wait:
+            thread = threading.current_thread()
+            while not done.wait(_POLL_S):
+                if getattr(thread, "abort", False):
+                    raise RuntimeError("abort flag set in a named barrier")
+
+
+def named_barrier(barrier, count, wait):
+    """Arrive at the caller's block's named barrier ``barrier`` of ``count``
+    threads; with ``wait``, also wait for it to complete (``bar.sync``), else
+    go on (``bar.arrive``)."""
+    thread = threading.current_thread()
+    manager = getattr(thread, "_manager", None)
+    if manager is None:
+        raise RuntimeError("named barriers need a simulated CUDA thread")
+    barriers = getattr(manager, "_paged_numba_barriers", None)
+    if barriers is None or barrier not in barriers:
+        with _CREATE_LOCK:
+            barriers = manager.__dict__.setdefault("_paged_numba_barriers", {})
+            barriers.setdefault(barrier, _NamedBarrier(count))
+    barriers[barrier].arrive(count, wait)
+
+
 def _lanes_present(manager, warp):
     """Mask of the lanes of ``warp`` that exist in the block."""
     bx, by, bz = manager._block_dim

@@ -10,6 +10,7 @@ from .cache import kernel_scales
 from .interop import LikeInput, Results, overlaps, plan_buffer
 from .kernels import prefill_tc
 from .kernels.prefill_wgmma import wgmma_shared_bytes
+from .kernels.prefill_wgmma_ws import ws_shared_bytes
 from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
 from ._prefill_plan import (  # noqa: F401  (prefill.plan_tiles etc., as before)
@@ -55,11 +56,14 @@ class PrefillPlan:
         Keyword arguments of the tensor-core kernel's factory
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
-        ``m_tiles``, ``wgmma``), for studying its variants; they replace the
-        defaults' (``prefill_tc_config``'s options); an error on CUDA cores.
-        ``wgmma=True`` runs the warpgroup kernel
+        ``m_tiles``, ``wgmma``, ``producer``), for studying its variants; they
+        replace the defaults' (``prefill_tc_config``'s options); an error on
+        CUDA cores. ``wgmma=True`` runs the warpgroup kernel
         (:mod:`paged_numba.kernels.prefill_wgmma`; sm_90 GPUs and the
-        simulator; ``num_warps`` a multiple of 4, default 8 on a GPU).
+        simulator; ``num_warps`` a multiple of 4, default 8 on a GPU);
+        ``producer=True`` with it adds a warpgroup that does all the copies
+        (:mod:`paged_numba.kernels.prefill_wgmma_ws`; ``num_warps`` 4 or 8
+        counts the others).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by
@@ -124,7 +128,8 @@ class PrefillPlan:
             # the defaults' options, then the caller's
             options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
                                          num_warps, options.get("m_tiles"),
-                                         options.get("wgmma", False)), **options}
+                                         options.get("wgmma", False),
+                                         options.get("producer", False)), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -175,9 +180,11 @@ class PrefillPlan:
                              f"more than {SHARED_LIMIT}.")
 
     def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
-                   wgmma=False):
+                   wgmma=False, producer=False):
         """Set the tiling; returns the default kernel options (``m_tiles`` the
         caller's, if given)."""
+        if producer and not wgmma:
+            raise ValueError("kernel_options['producer'] needs kernel_options['wgmma'] = True.")
         d_hpb, _, d_bn, d_nw, defaults = prefill_tc.prefill_tc_config(self.cache.head_size,
                                                                       group, max_q)
         sim = _simulator.simulator_enabled()
@@ -232,8 +239,12 @@ class PrefillPlan:
             if cc != (9, 0):
                 raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
                                  f"this one has compute capability {cc}.")
-        need = (wgmma_shared_bytes(self.cache.head_size, nw, bn) if wgmma
-                else prefill_tc.shared_bytes(self.cache.head_size, nw, bn, m_tiles))
+        if producer:
+            need = ws_shared_bytes(self.cache.head_size, nw, bn)
+        elif wgmma:
+            need = wgmma_shared_bytes(self.cache.head_size, nw, bn)
+        else:
+            need = prefill_tc.shared_bytes(self.cache.head_size, nw, bn, m_tiles)
         if need > prefill_tc.MAX_SHARED_BYTES:
             raise ValueError(f"tile of {rows * nw} rows x {bn} keys at head size "
                              f"{self.cache.head_size} needs {need} bytes of shared memory, more "
@@ -312,7 +323,8 @@ class PrefillPlan:
         args = (*outs, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
                 *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants,
                 *kernel_scales(c))
-        launch = _launch.PackedLaunch(self._kernel, self._grid, 32 * self.num_warps, args)
+        threads = getattr(self._kernel, "block_threads", 32 * self.num_warps)
+        launch = _launch.PackedLaunch(self._kernel, self._grid, threads, args)
         if self._parts is None:
             self._launch = launch
         else:

@@ -92,6 +92,14 @@ WG_LONG_BF16 = _problem([40, 3], [45, 20], [[9, 3, 0, 7, 5, 10], [1, 8, 2, -1, -
 WG = dict(tensor_cores=True, kernel_options=dict(wgmma=True))
 WG_TWO = dict(WG, block_n=32, num_warps=8) if SIM else WG      # two warpgroups
 WG_ONE = dict(WG, block_n=16, num_warps=4) if SIM else WG
+# the producer kernel: 100 keys in 16-key tiles (7) go round its 4-stage ring
+# almost twice, so the consumers hand stages back and the producer waits for them
+WS_LONG = _problem([40, 3], [100, 20],
+                   [[9, 3, 0, 7, 5, 10, 11, 12, 4, 13, 14, 15, 16], [1, 8, 2] + [-1] * 10], 8,
+                   head_size=32, num_heads=2, dtype="float16")
+WS = dict(tensor_cores=True, kernel_options=dict(wgmma=True, producer=True))
+WS_TWO = dict(WS, block_n=16, num_warps=8)
+WS_ONE = dict(WS, block_n=16, num_warps=4)
 
 
 def rounding(cache, tiling):
@@ -174,12 +182,30 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     check_prefill(p, causal, tiling, **extra)
 
 
+@pytest.mark.parametrize("p, causal, tiling, extra", [
+    (WS_LONG, True, WS_TWO, {}), (WS_LONG, False, WS_ONE, {}),
+    (LONG_F16, True, dict(WS_ONE, num_parts=2),
+     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0))],
+    ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k"])
+def test_tc_prefill_producer(p, causal, tiling, extra):
+    """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
+    "producer": True}``), within the tensor-core bound: more key tiles than
+    ring stages (the empty/full barriers), two consumer warpgroups, the
+    variants with split-K."""
+    check_prefill(p, causal, tiling, **extra)
+
+
 def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="num_warps a multiple of 4"):
         check_prefill(LONG_F16, True, dict(WG, num_warps=2, block_n=16))
     with pytest.raises(ValueError, match="needs m_tiles=1"):
         check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
                                            kernel_options=dict(wgmma=True, m_tiles=2)))
+    with pytest.raises(ValueError, match="'producer'. needs kernel_options.'wgmma'"):
+        check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
+                                           kernel_options=dict(producer=True)))
+    with pytest.raises(ValueError, match="num_warps 4 or 8"):
+        check_prefill(LONG_F16, True, dict(WS, num_warps=12, block_n=16))
 
 
 @pytest.mark.parametrize("p, parts, extra", [

@@ -29,6 +29,7 @@ tensor cores' order of accumulation, and the same bound holds
 (``testing.prefill_error_bound(tensor_cores=dtype)``).
 """
 import functools
+from types import SimpleNamespace
 
 from numba import config, cuda, float32, int32, uint32
 
@@ -52,32 +53,12 @@ def wgmma_shared_bytes(head_size, num_warps, block_n):
     return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
 
 
-@functools.cache
-def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
-                         num_warps=8, max_registers=None, fast_exp2=False, split_k=False):
-    """Compile-time specialised warpgroup prefill kernel: arguments, grid,
-    outputs and ``split_k`` as for :func:`kernels.prefill_tc.prefill_tc_kernel`
-    with one m-tile a warp; ``num_warps`` a multiple of 4 (whole warpgroups),
-    ``block_n`` a multiple of 16 up to 256. The launch needs
-    ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory.
-    Runs on sm_90a GPUs (H100, H200) and under the simulator."""
-    if not supports(head_size, dtype, layout):
-        raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
-                         f"{layout}")
-    if num_warps % 4 or not 16 <= block_n <= 256 or block_n % 16:
-        raise ValueError(f"wgmma needs num_warps a multiple of 4 and block_n a multiple of 16 "
-                         f"up to 256, but got num_warps={num_warps}, block_n={block_n}")
-    P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, True, fast_exp2, False, False, STAGES)
-    D, BN, NCH, KSTEPS, PV_STEPS = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS
-    NTILE_S, NTILE_O, STAGE_V, KV_OFF = P.NTILE_S, P.NTILE_O, P.STAGE_V, P.KV_OFF
-    HPB, KV_HEAD_AXIS, SMEM_T, Q_OFF = P.HPB, P.KV_HEAD_AXIS, P.SMEM_T, P.Q_OFF
-    pack, wait_all = P.pack, P.wait_all
-    slot, row_of, chunk_of = P.slot, P.row_of, P.chunk_of
-    k_strides, v_strides = P.k_strides, P.v_strides
-    issue_tile, load_queries = P.issue_tile, P.load_queries
-    tile_range, init_rows, logits = P.tile_range, P.init_rows, P.logits
-    weights_half, rescale_half, store_half = P.weights_half, P.rescale_half, P.store_half
+def product_parts(P):
+    """The products and softmax steps of a warpgroup's loop, for the tile of
+    :func:`kernels.prefill_tc_parts.tile_parts` ``P``: ``issue_s``,
+    ``issue_pv``, ``tile_weights``, ``pack_p`` and the fences and waits."""
+    D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
+    pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
     mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
@@ -87,20 +68,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
     wait_o_twin = wg.wait_pin(0, D // 2, tag=1)     # the same wait, another instruction
     pin_p = wg.pin(4 * PV_STEPS)
-    fence, commit, fence_proxy = wg.fence, wg.commit, wg.fence_proxy_async
-
-    @device_function
-    def next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
-                  ntiles, j, tid, kstr, vstr, tid_slot):
-        """Wait for tile ``j``'s copies, make them visible to the tensor cores, and
-        start copying tile ``j + 1`` (into the stage tile ``j - 2`` used)."""
-        wait_all()
-        fence_proxy()       # this thread's copies, visible to the tensor cores' reads
-        cuda.syncthreads()  # everyone's copies landed; everyone is done with tile j - 2
-        if j + 1 < ntiles:
-            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh,
-                       kv_first + (j + 1) * BN, kv_lo, last, (j + 1) % STAGES, tid, kstr, vstr,
-                       tid_slot)
+    fence, commit = wg.fence, wg.commit
 
     @device_function
     def issue_s(s, sm, qbase, stage):
@@ -135,6 +103,54 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
             pa[ks, 1] = pack(s[0, 2 * ks, 2], s[0, 2 * ks, 3])
             pa[ks, 2] = pack(s[0, 2 * ks + 1, 0], s[0, 2 * ks + 1, 1])
             pa[ks, 3] = pack(s[0, 2 * ks + 1, 2], s[0, 2 * ks + 1, 3])
+
+    return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
+
+
+@functools.cache
+def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
+                         num_warps=8, max_registers=None, fast_exp2=False, split_k=False):
+    """Compile-time specialised warpgroup prefill kernel: arguments, grid,
+    outputs and ``split_k`` as for :func:`kernels.prefill_tc.prefill_tc_kernel`
+    with one m-tile a warp; ``num_warps`` a multiple of 4 (whole warpgroups),
+    ``block_n`` a multiple of 16 up to 256. The launch needs
+    ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory.
+    Runs on sm_90a GPUs (H100, H200) and under the simulator."""
+    if not supports(head_size, dtype, layout):
+        raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
+                         f"{layout}")
+    if num_warps % 4 or not 16 <= block_n <= 256 or block_n % 16:
+        raise ValueError(f"wgmma needs num_warps a multiple of 4 and block_n a multiple of 16 "
+                         f"up to 256, but got num_warps={num_warps}, block_n={block_n}")
+    P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
+                   1, split_k, True, fast_exp2, False, False, STAGES)
+    D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
+    STAGE_V, KV_HEAD_AXIS, SMEM_T, HPB = P.STAGE_V, P.KV_HEAD_AXIS, P.SMEM_T, P.HPB
+    Q_OFF = P.Q_OFF
+    wait_all, slot, row_of, chunk_of = P.wait_all, P.slot, P.row_of, P.chunk_of
+    k_strides, v_strides = P.k_strides, P.v_strides
+    issue_tile, load_queries = P.issue_tile, P.load_queries
+    tile_range, init_rows = P.tile_range, P.init_rows
+    rescale_half, store_half = P.rescale_half, P.store_half
+    W = product_parts(P)
+    pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
+        W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
+    fence, issue_s, issue_pv, tile_weights, pack_p = (
+        W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
+    fence_proxy = wg.fence_proxy_async
+
+    @device_function
+    def next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+                  ntiles, j, tid, kstr, vstr, tid_slot):
+        """Wait for tile ``j``'s copies, make them visible to the tensor cores, and
+        start copying tile ``j + 1`` (into the stage tile ``j - 2`` used)."""
+        wait_all()
+        fence_proxy()       # this thread's copies, visible to the tensor cores' reads
+        cuda.syncthreads()  # everyone's copies landed; everyone is done with tile j - 2
+        if j + 1 < ntiles:
+            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh,
+                       kv_first + (j + 1) * BN, kv_lo, last, (j + 1) % STAGES, tid, kstr, vstr,
+                       tid_slot)
 
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))

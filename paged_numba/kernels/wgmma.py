@@ -172,6 +172,26 @@ if config.ENABLE_CUDASIM:
         return pin_
 
     @functools.cache
+    def bar_sync(count):
+        def sync(barrier):
+            from .._simulator import named_barrier
+            named_barrier(int(barrier), count, True)
+        return sync
+
+    @functools.cache
+    def bar_arrive(count):
+        def arrive(barrier):
+            from .._simulator import named_barrier
+            named_barrier(int(barrier), count, False)
+        return arrive
+
+    @functools.cache
+    def setmaxnreg(increase, count):
+        def setmaxnreg_():
+            pass
+        return setmaxnreg_
+
+    @functools.cache
     def wait_pin(n, count, tag=0):
         def wait(arr):
             pass
@@ -202,6 +222,33 @@ else:
     fence = _plain("wgmma.fence.sync.aligned;", "fence")
     commit = _plain("wgmma.commit_group.sync.aligned;", "commit")
     fence_proxy_async = _plain("fence.proxy.async.shared::cta;", "fence_proxy_async")
+
+    def _barrier(text, name):
+        def typer(typingctx, barrier):
+            if not isinstance(barrier, types.Integer):
+                return None
+
+            def codegen(context, builder, sig, args):
+                b = builder.trunc(context.cast(builder, args[0], sig.args[0], types.int64), _I32)
+                fnty = ir.FunctionType(ir.VoidType(), [_I32])
+                builder.call(ir.InlineAsm(fnty, text, "r,~{memory}", side_effect=True), [b])
+                return context.get_dummy_value()
+            return types.void(barrier), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
+
+    @functools.cache
+    def bar_sync(count):
+        return _barrier(f"bar.sync $0, {int(count)};", "bar_sync")
+
+    @functools.cache
+    def bar_arrive(count):
+        return _barrier(f"bar.arrive $0, {int(count)};", "bar_arrive")
+
+    @functools.cache
+    def setmaxnreg(increase, count):
+        kind = "inc" if increase else "dec"
+        return _plain(f"setmaxnreg.{kind}.sync.aligned.u32 {int(count)};", "setmaxnreg")
 
     def _through(text, count):
         """Codegen passing the first ``count`` elements of a local array through

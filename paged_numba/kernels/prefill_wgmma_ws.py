@@ -1,0 +1,229 @@
+"""Paged prefill attention with warpgroup products and a producer warpgroup
+(warp specialisation, sm_90a).
+
+The tile, its arguments, grid, outputs and arithmetic are those of
+:func:`kernels.prefill_wgmma.prefill_wgmma_kernel`; what differs is who copies
+the keys and values:
+
+* warpgroup 0 (threads 0-127) is the *producer*: it gathers K/V tiles through
+  the block table with ``cp.async`` into a ring of ``STAGES`` stages, and
+  gives back most of its registers (``setmaxnreg.dec`` to 40);
+* the other warpgroups are *consumers* (64 rows each, ``setmaxnreg.inc`` to
+  232): the products and the online softmax of the ``wgmma`` kernel, with no
+  copy of their own. A ``wgmma.fence`` waits until every earlier instruction
+  of its warp has released its registers, and a ``cp.async`` holds its
+  address registers until the memory pipeline takes it, so copies issued by
+  the warps that run the products stall the products;
+* stage ``s`` has two named barriers of the whole block: *full* (the producer
+  arrives once the stage's copies landed, the consumers wait) and *empty* (the
+  consumers arrive once the products reading it are done, the producer waits
+  before overwriting it). The producer runs up to ``STAGES - 1`` tiles ahead.
+"""
+import functools
+
+from numba import config, cuda, float32, int32, uint32
+
+from . import wgmma as wg
+from .access import device_function
+from .async_copy import commit_group, copy16_async, wait_group
+from .decode import LOG2E
+from .prefill_tc_parts import FULL_MASK, tile_parts
+from .prefill_tc_tiling import supports
+from .prefill_wgmma import product_parts
+
+STAGES = 4            # K/V tiles in the ring
+PRODUCER_THREADS = 128
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 65536
+
+
+def ws_shared_bytes(head_size, num_warps, block_n):
+    """Dynamic shared memory of one block: 16 query rows a consumer warp and a
+    ``STAGES``-stage K/V ring, 2 bytes an element.
+
+    >>> ws_shared_bytes(128, 8, 64)
+    163840
+    """
+    return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
+
+
+@functools.cache
+def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
+                            num_warps=8, fast_exp2=False, split_k=False):
+    """Compile-time specialised warp-specialised prefill kernel: arguments,
+    grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
+    with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
+    registers move from producer to consumers with two) and one producer
+    warpgroup, ``32 * num_warps + 128`` threads (``block_threads``, set on the
+    kernel) and ``dynamic_shared_bytes`` of dynamic shared memory."""
+    if not supports(head_size, dtype, layout):
+        raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
+                         f"{layout}")
+    if num_warps not in (4, 8) or not 16 <= block_n <= 256 or block_n % 16:
+        raise ValueError(f"the producer kernel needs num_warps 4 or 8 (consumer warpgroups) and "
+                         f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
+                         f"block_n={block_n}")
+    P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
+                   1, split_k, True, fast_exp2, False, False, STAGES)
+    if not P.STAGE_V:
+        raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
+                         f"layout")
+    W = product_parts(P)
+    D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
+    KV_OFF, KV_HEAD_AXIS, SMEM_T, BLOCK_SIZE = P.KV_OFF, P.KV_HEAD_AXIS, P.SMEM_T, P.BLOCK_SIZE
+    slot, row_of, chunk_of, k_flat, v_flat = P.slot, P.row_of, P.chunk_of, P.k_flat, P.v_flat
+    load_queries, tile_range, init_rows = P.load_queries, P.tile_range, P.init_rows
+    rescale_half, store_half, wait_all = P.rescale_half, P.store_half, P.wait_all
+    pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
+        W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
+    fence, issue_s, issue_pv, tile_weights, pack_p = (
+        W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
+    fence_proxy = wg.fence_proxy_async
+    wait_older = wait_group(1)            # all but this thread's newest group of copies
+    NTHREADS = 32 * num_warps + PRODUCER_THREADS
+    bar_sync, bar_arrive = wg.bar_sync(NTHREADS), wg.bar_arrive(NTHREADS)
+    MOVE_REGS = num_warps == 8           # 384 threads start with 168 registers each
+    shrink = wg.setmaxnreg(False, PRODUCER_REGS)
+    grow = wg.setmaxnreg(True, CONSUMER_REGS)
+    HPB = P.HPB
+    FULL, EMPTY = 1, 1 + STAGES           # named barrier ids (0 is __syncthreads)
+    CHUNKS = P.CHUNKS
+    CPT = -(-CHUNKS // PRODUCER_THREADS)  # 16-byte chunks of K (and of V) a producer thread
+
+    @device_function
+    def produce(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage, tid):
+        """Start copying keys and values ``kt ..`` (clamped into ``[lo, last]``)
+        into ``stage``, as one group of this thread's copies."""
+        kbase = KV_OFF + 2 * stage * BN * D
+        for u in range(CPT):
+            idx = tid + u * PRODUCER_THREADS
+            if CHUNKS % PRODUCER_THREADS == 0 or idx < CHUNKS:
+                n = row_of(idx)
+                ch = chunk_of(idx)
+                t = int32(min(max(kt + n, lo), last))
+                b = int32(uint32(t) // uint32(BLOCK_SIZE))
+                blk = block_tables[seq, b]
+                off = int32(t - b * BLOCK_SIZE)
+                copy16_async(sm, slot(kbase, n, ch), key_cache,
+                             k_flat(key_cache, blk, kvh, off, ch))
+                copy16_async(sm, slot(kbase + BN * D, n, ch), value_cache,
+                             v_flat(value_cache, blk, kvh, off, ch))
+        commit_group()
+
+    @device_function
+    def publish(j):
+        """Tile ``j``'s copies by this thread landed (all but the newest group):
+        visible to the tensor cores, then arrive at the stage's full barrier."""
+        fence_proxy()
+        bar_arrive(FULL + j % STAGES)
+
+    jit = cuda.jit if config.ENABLE_CUDASIM else functools.partial(
+        cuda.jit, launch_bounds=(NTHREADS, 1))
+
+    @jit
+    def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                      cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
+                                      alibi_slopes, soft_cap, window):
+        tid = int32(cuda.threadIdx.x)
+        num_heads = query.shape[1]
+        group = num_heads // key_cache.shape[KV_HEAD_AXIS]
+        h0 = cuda.blockIdx.y * HPB
+        kvh = h0 // group
+        seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
+            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
+        last = int32(kv_hi - 1)
+        sm = cuda.shared.array(0, SMEM_T, alignment=16)
+
+        if tid < PRODUCER_THREADS:
+            if MOVE_REGS:
+                shrink()
+            for j in range(ntiles):
+                if j >= STAGES:         # the consumers are done with tile j - STAGES
+                    bar_sync(EMPTY + j % STAGES)
+                produce(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first + j * BN,
+                        kv_lo, last, j % STAGES, tid)
+                if j >= 1:
+                    wait_older()
+                    publish(j - 1)
+            if ntiles > 0:
+                wait_all()
+                publish(ntiles - 1)
+            return
+
+        if MOVE_REGS:
+            grow()
+        ct = int32(tid - PRODUCER_THREADS)
+        lane = int32(ct % 32)
+        warp = int32(ct // 32)
+        r = int32(lane // 4)
+        c = int32(lane % 4)
+        qbase = (warp >> 2) * 64 * D              # this warpgroup's 64 query rows
+        load_queries(sm, query, ct, row0, q0, nq, h0, num_heads)
+        commit_group()
+        wait_all()
+        fence_proxy()           # every consumer's queries land before the first full barrier
+
+        pos = cuda.local.array((1, 2), int32)
+        slope = cuda.local.array((1, 2), float32)
+        m = cuda.local.array((1, 2), float32)
+        l_ = cuda.local.array((1, 2), float32)
+        alpha = cuda.local.array((1, 2), float32)
+        qscale = scale * float32(LOG2E)
+        cap2 = soft_cap * float32(LOG2E)
+        any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
+        alibi = cuda.any_sync(FULL_MASK, any_slope)
+        sc = float32(1.0)
+        s = cuda.local.array((1, NTILE_S, 4), float32)
+        o = cuda.local.array((1, NTILE_O, 4), float32)
+        pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
+        for i in range(NTILE_O):
+            for e in range(4):
+                o[0, i, e] = 0.0
+
+        # as in the wgmma kernel: prologue S_0; steady state j: S_j with
+        # P_{j-1} V_{j-1} in flight; epilogue P_{n-1} V_{n-1}
+        if ntiles > 0:
+            bar_sync(FULL)
+            pin_s(s)
+            fence()
+            issue_s(s, sm, qbase, 0)
+            wait_s_alone(s)
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
+                         window, qscale, soft_cap, cap2, alibi, sc)
+            pack_p(pa, s)
+        for j in range(1, ntiles):
+            bar_sync(FULL + j % STAGES)
+            pin_s(s)
+            fence()
+            issue_s(s, sm, qbase, j % STAGES)
+            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
+            rescale_half(o, alpha, 0, 1)
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_pv(o, pa, sm, (j - 1) % STAGES)
+            wait_s(s)
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
+                         causal, window, qscale, soft_cap, cap2, alibi, sc)
+            # the wait for P V in a branch on the row sums: see the wgmma kernel
+            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
+                wait_o(o)
+            else:
+                wait_o_twin(o)
+            if j - 1 + STAGES < ntiles:     # tile j - 1's stage is free for the producer
+                bar_arrive(EMPTY + (j - 1) % STAGES)
+            pack_p(pa, s)
+        if ntiles > 0:
+            rescale_half(o, alpha, 0, 0)
+            rescale_half(o, alpha, 0, 1)
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_pv(o, pa, sm, (ntiles - 1) % STAGES)
+            wait_o(o)
+
+        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
+        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+
+    paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = P.DYNAMIC_BYTES
+    paged_prefill_wgmma_ws_kernel.block_threads = NTHREADS
+    return paged_prefill_wgmma_ws_kernel
