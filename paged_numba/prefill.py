@@ -63,7 +63,8 @@ class PrefillPlan:
         simulator; ``num_warps`` a multiple of 4, default 8 on a GPU);
         ``producer=True`` with it adds a warpgroup that does all the copies
         (:mod:`paged_numba.kernels.prefill_wgmma_ws`; ``num_warps`` 4 or 8
-        counts the others).
+        counts the others), and ``swizzle=True`` lays its tiles out in the
+        swizzled layout.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

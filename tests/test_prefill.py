@@ -97,6 +97,8 @@ WG_ONE = dict(WG, block_n=16, num_warps=4) if SIM else WG
 WS_LONG = _problem([40, 3], [100, 20],
                    [[9, 3, 0, 7, 5, 10, 11, 12, 4, 13, 14, 15, 16], [1, 8, 2] + [-1] * 10], 8,
                    head_size=32, num_heads=2, dtype="float16")
+# head size 128: two 128-byte atoms a row in the swizzled layout (k-steps 4.. in the second)
+WG_D128 = _problem([5], [20], [[3, 0, 2]], 8, head_size=128, num_heads=2, dtype="float16")
 WS = dict(tensor_cores=True, kernel_options=dict(wgmma=True, producer=True))
 WS_TWO = dict(WS, block_n=16, num_warps=8)
 WS_ONE = dict(WS, block_n=16, num_warps=4)
@@ -193,6 +195,19 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     ring stages (the empty/full barriers), two consumer warpgroups, the
     variants with split-K."""
     check_prefill(p, causal, tiling, **extra)
+
+
+@pytest.mark.parametrize("p, causal, tiling", [
+    (WG_LONG, True, dict(WG_TWO, kernel_options=dict(wgmma=True, swizzle=True))),
+    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(wgmma=True, producer=True, swizzle=True))),
+    (WG_LONG_BF16, False, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
+    (WG_D128, True, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True)))],
+    ids=["wgmma", "producer", "bf16-vllm-noncausal", "head-128"])
+def test_tc_prefill_swizzled(p, causal, tiling):
+    """Both warpgroup kernels with their tiles in the swizzled layout
+    (``swizzle=True``; head size 32: 64-byte atom rows; 128: two 128-byte
+    atoms a row)."""
+    check_prefill(p, causal, tiling)
 
 
 def test_wgmma_rejects_tilings_it_cannot_run():

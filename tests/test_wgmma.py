@@ -25,21 +25,29 @@ if not config.ENABLE_CUDASIM and cuda.get_current_device().compute_capability[0]
     pytest.skip("wgmma needs compute capability 9.0 (sm_90a)", allow_module_level=True)
 
 
-def kmajor_image(M, lbo, sbo, size):
-    """Flat image (``size`` elements) of ``M[x, k]`` stored K-major."""
+def kmajor_image(M, lbo, sbo, size, swizzle=0, koff=0):
+    """Flat image (``size`` elements) of ``M[x, k]`` stored K-major (swizzled:
+    starting ``koff`` bytes into each atom row)."""
     img = np.zeros(size, M.dtype)
     x, k = np.meshgrid(np.arange(M.shape[0]), np.arange(M.shape[1]), indexing="ij")
-    byte = 16 * (x % 8) + sbo * (x // 8) + 2 * (k % 8) + lbo * (k // 8)
-    img[byte // 2] = M
+    if swizzle:
+        byte = swizzle * (x % 8) + sbo * (x // 8) + koff + 2 * k
+    else:
+        byte = 16 * (x % 8) + sbo * (x // 8) + 2 * (k % 8) + lbo * (k // 8)
+    img[W.swizzled(byte, swizzle) // 2] = M
     return img
 
 
-def mnmajor_image(B, lbo, sbo, size):
+def mnmajor_image(B, lbo, sbo, size, swizzle=0):
     """Flat image of ``B[k, n]`` stored MN-major (``n`` contiguous)."""
     img = np.zeros(size, B.dtype)
     k, n = np.meshgrid(np.arange(B.shape[0]), np.arange(B.shape[1]), indexing="ij")
-    byte = 2 * (n % 8) + sbo * (n // 8) + 16 * (k % 8) + lbo * (k // 8)
-    img[byte // 2] = B
+    if swizzle:
+        span = swizzle // 2
+        byte = 2 * (n % span) + lbo * (n // span) + swizzle * (k % 8) + sbo * (k // 8)
+    else:
+        byte = 2 * (n % 8) + sbo * (n // 8) + 16 * (k % 8) + lbo * (k // 8)
+    img[W.swizzled(byte, swizzle) // 2] = B
     return img
 
 
@@ -56,20 +64,32 @@ def accumulators_to_matrix(out, n):
 
 
 @functools.cache
-def product_kernel(dtype, n, trans_b, a_regs, steps):
+def product_kernel(dtype, n, trans_b, a_regs, steps, swizzle=0, koff=0):
     """One warpgroup: ``D = sum_s A_s @ B_s`` over ``steps`` k-steps (A images
     at ``a_img[s * A_SIZE:]``, B at ``b_img[s * B_SIZE:]``), A from shared memory
-    or (``a_regs``) from each warp's registers, loaded as mma A fragments."""
+    or (``a_regs``) from each warp's registers, loaded as mma A fragments;
+    ``swizzle`` bytes (K-major operands ``koff`` bytes into their atom rows)."""
     store = float16 if dtype == "float16" else uint16
-    a_lbo, a_sbo = 128, 256                       # A: two K halves, then the next 8 rows
-    if trans_b:
-        b_lbo, b_sbo = 128 * (n // 8), 128        # B: 8 n a core matrix, next 8 k after n / 8
+    if swizzle:
+        a_lbo, a_sbo = 16, 8 * swizzle            # A: 8 rows an atom, atoms one after another
+        if trans_b:                               # B: n atoms side by side, then the next 8 k
+            b_lbo, b_sbo = 8 * swizzle, 8 * swizzle * (2 * n // swizzle)
+        else:
+            b_lbo, b_sbo = 16, 8 * swizzle
+        A_SIZE = 64 * swizzle // 2
+        B_SIZE = 16 * n if trans_b else n * swizzle // 2
     else:
-        b_lbo, b_sbo = 128, 256
-    A_SIZE, B_SIZE = 64 * 16, 16 * n
+        a_lbo, a_sbo = 128, 256                   # A: two K halves, then the next 8 rows
+        if trans_b:
+            b_lbo, b_sbo = 128 * (n // 8), 128    # B: 8 n a core matrix, next 8 k after n / 8
+        else:
+            b_lbo, b_sbo = 128, 256
+        A_SIZE, B_SIZE = 64 * 16, 16 * n
     NJ = n // 8
-    ss = W.wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b)
-    rs = W.wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b)
+    ss = W.wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b, swizzle)
+    rs = W.wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b, swizzle)
+    A_AT = koff // 2                              # where a K-major operand starts
+    B_AT = 0 if trans_b else koff // 2
     pin = W.pin(n // 2)
     wait = W.wait_pin(0, n // 2)
     wait_copies = wait_group(0)
@@ -77,7 +97,7 @@ def product_kernel(dtype, n, trans_b, a_regs, steps):
 
     @cuda.jit
     def kernel(out, a_img, a_rows, b_img):
-        sm = cuda.shared.array(0, store, alignment=16)
+        sm = cuda.shared.array(0, store, alignment=1024)
         tid = cuda.threadIdx.x
         total = (B_OFF + steps * B_SIZE) // 8
         for u in range((total + 127) // 128):
@@ -100,9 +120,9 @@ def product_kernel(dtype, n, trans_b, a_regs, steps):
             if a_regs:
                 base = (s * 128 + tid) * 4
                 rs(acc, a_rows[base], a_rows[base + 1], a_rows[base + 2], a_rows[base + 3],
-                   sm, B_OFF + s * B_SIZE, s > 0)
+                   sm, B_OFF + s * B_SIZE + B_AT, s > 0)
             else:
-                ss(acc, sm, s * A_SIZE, sm, B_OFF + s * B_SIZE, s > 0)
+                ss(acc, sm, s * A_SIZE + A_AT, sm, B_OFF + s * B_SIZE + B_AT, s > 0)
         W.commit()
         wait(acc)
         for j in range(NJ):
@@ -110,7 +130,7 @@ def product_kernel(dtype, n, trans_b, a_regs, steps):
                 out[tid, 4 * j + e] = acc[j, e]
 
     kernel_bytes = 2 * (B_OFF + steps * B_SIZE)
-    return kernel, kernel_bytes, (a_lbo, a_sbo, b_lbo, b_sbo)
+    return kernel, kernel_bytes, (a_lbo, a_sbo, b_lbo, b_sbo, A_SIZE, B_SIZE)
 
 
 def a_fragments(A):
@@ -127,7 +147,7 @@ def a_fragments(A):
     return words
 
 
-def _run(dtype, n, trans_b, a_regs, steps, seed):
+def _run(dtype, n, trans_b, a_regs, steps, seed, swizzle=0, koff=0):
     rng = np.random.default_rng(seed)
     host = np.float16 if dtype == "float16" else np.dtype("uint16")
     As = [rng.standard_normal((64, 16)).astype(np.float16) for _ in range(steps)]
@@ -137,11 +157,14 @@ def _run(dtype, n, trans_b, a_regs, steps, seed):
         Bs = [b.astype(np.float32) for b in Bs]
         As = [np.asarray(_bf16_round(a)) for a in As]
         Bs = [np.asarray(_bf16_round(b)) for b in Bs]
-    kernel, nbytes, (a_lbo, a_sbo, b_lbo, b_sbo) = product_kernel(dtype, n, trans_b, a_regs, steps)
+    kernel, nbytes, (a_lbo, a_sbo, b_lbo, b_sbo, a_size, b_size) = product_kernel(
+        dtype, n, trans_b, a_regs, steps, swizzle, koff)
     bits = (lambda x: _bf16_bits(x)) if dtype == "bfloat16" else (lambda x: x)
-    a_img = np.concatenate([kmajor_image(bits(a), a_lbo, a_sbo, 64 * 16) for a in As]).astype(host)
-    b_img = np.concatenate([mnmajor_image(bits(b), b_lbo, b_sbo, 16 * n) if trans_b
-                            else kmajor_image(bits(b).T.copy(), b_lbo, b_sbo, 16 * n)
+    a_img = np.concatenate([kmajor_image(bits(a), a_lbo, a_sbo, a_size, swizzle, koff)
+                            for a in As]).astype(host)
+    b_img = np.concatenate([mnmajor_image(bits(b), b_lbo, b_sbo, b_size, swizzle) if trans_b
+                            else kmajor_image(bits(b).T.copy(), b_lbo, b_sbo, b_size, swizzle,
+                                              koff)
                             for b in Bs]).astype(host)
     a_rows = np.concatenate([a_fragments(bits(a).view(np.uint16) if dtype == "bfloat16"
                                          else a) for a in As], axis=0).reshape(-1)
@@ -186,6 +209,16 @@ def test_product_bf16(trans_b):
        seed=st.integers(0, 2 ** 16))
 def test_product_shapes(n, trans_b, a_regs, steps, seed):
     _run("float16", n, trans_b, a_regs, steps, seed)
+
+
+@pytest.mark.parametrize("swizzle, koff", [(128, 0), (128, 32), (128, 96), (64, 32), (32, 0)])
+@pytest.mark.parametrize("trans_b, a_regs", [(False, False), (True, True), (True, False)])
+def test_product_swizzled(swizzle, koff, trans_b, a_regs):
+    """Swizzled operands (``swizzle`` bytes, each K-major row read ``koff``
+    bytes into its atom row, as a kernel's later k-steps are): an MN-major B
+    spans whole atoms (``n`` a multiple of ``swizzle / 2``)."""
+    n = max(swizzle // 2, 16 if config.ENABLE_CUDASIM else 64)
+    _run("float16", n, trans_b, a_regs, 2, swizzle + koff, swizzle, koff)
 
 
 def test_descriptor_fields_rejects_bad_strides():

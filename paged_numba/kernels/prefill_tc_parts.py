@@ -49,7 +49,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
     ``8 i .. 8 i + 7`` of 16-byte chunk ``ch`` at ``(i * D / 8 + ch) * 128``
     bytes, the copies in that order) instead of rows with XOR-swizzled
-    chunks; ``stages`` is the number of K/V tiles in the ring.
+    chunks; ``core_matrices="swizzle"`` in ``wgmma``'s swizzled layout (8-row
+    atoms of ``min(128, 2 D)``-byte rows, a row group's atoms side by side,
+    whole rows copied in turn); ``stages`` is the number of K/V tiles in the
+    ring.
     """
     D = head_size
     BLOCK_SIZE = block_size
@@ -72,7 +75,12 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     QCPT = -(-QCHUNKS // NT)
     QREGS = (D <= 128) if q_in_regs is None else bool(q_in_regs)
     SPLIT = bool(split_k)
-    CORE = bool(core_matrices)
+    SWIZZLED = core_matrices == "swizzle"
+    CORE = bool(core_matrices) and not SWIZZLED
+    # swizzle: rows of SPAN-byte atom rows (8 rows an atom, SEGS atoms a row group)
+    SPAN = min(128, 2 * D)
+    CPS = SPAN // 16                      # 16-byte chunks of an atom row
+    SEGS = NCH // CPS
     assert HPB & (HPB - 1) == 0 and M % HPB == 0 and BN % 16 == 0 and NW >= 1
     Q_OFF = 0
     KV_OFF = M * D                        # stage s: K at KV_OFF + 2 s BN D, V after it
@@ -86,6 +94,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % (SWZ + 1) == 0
     if CORE:    # chunk order = slot order (8 rows of one chunk, then the next chunk)
         FIXED_CHUNK = NT % (8 * NCH) == 0
+    if SWIZZLED:   # a thread's rows 8 apart: the same atom row, the same XOR
+        FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % 8 == 0
     # token_copies: TPT threads a token (or TOKS tokens a thread), CPTOK chunks each
     TPT = max(1, NT // BN)
     TOKS = max(1, BN // NT)
@@ -105,7 +115,26 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     quad_sum = lane_reducer(3, False)
 
 
-    if CORE:
+    if SWIZZLED:
+        @device_function
+        def slot(base, row, ch):
+            """Flat index of chunk ``ch`` of ``row`` in the ``wgmma`` swizzled layout
+            (atoms of 8 rows x SPAN bytes, chunk XOR address bits 7..; bases 1024-byte
+            aligned)."""
+            r8 = row & 7
+            x = ((r8 * SPAN) >> 7) & (CPS - 1)
+            return base + (((row >> 3) * SEGS + ch // CPS) * 8 + r8) * (SPAN // 2) + \
+                ((ch % CPS) ^ x) * 8
+
+        @device_function
+        def row_of(idx):
+            """The row of the ``idx``-th chunk a tile copies (whole rows in turn)."""
+            return idx // NCH
+
+        @device_function
+        def chunk_of(idx):
+            return idx % NCH
+    elif CORE:
         @device_function
         def slot(base, row, ch):
             """Flat index in shared memory of chunk ``ch`` of ``row`` (core matrices)."""

@@ -61,8 +61,14 @@ def product_parts(P):
     pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
-    mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
-    mma_o = wg.wgmma_rs(dtype, D, NCH * 128, 128, True)
+    if P.SWIZZLED:      # atoms of 8 rows x SPAN bytes; a row group (8 rows) 16 D bytes
+        SPAN = P.SPAN
+        mma_s = wg.wgmma_ss(dtype, BN, 16, 16 * D, 16, 16 * D, False, SPAN)
+        mma_o = wg.wgmma_rs(dtype, D, 8 * SPAN, 16 * D, True, SPAN)
+    else:
+        SPAN = 0
+        mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
+        mma_o = wg.wgmma_rs(dtype, D, NCH * 128, 128, True)
     pin_s, wait_s = wg.pin(BN // 2), wg.wait_pin(1, BN // 2)
     wait_s_alone = wg.wait_pin(0, BN // 2)
     pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
@@ -71,11 +77,20 @@ def product_parts(P):
     fence, commit = wg.fence, wg.commit
 
     @device_function
+    def k_offset(kk):
+        """Elements from a K-major operand's start to its k-step ``kk`` (16 columns):
+        two core matrices on, or 32 bytes into the atom row (the next atom after
+        SPAN bytes)."""
+        if SPAN:
+            return (32 * kk // SPAN) * (4 * SPAN) + (32 * kk % SPAN) // 2
+        return 128 * kk
+
+    @device_function
     def issue_s(s, sm, qbase, stage):
         """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
         kbase = KV_OFF + 2 * stage * BN * D
         for kk in range(KSTEPS):
-            mma_s(s, sm, qbase + 128 * kk, sm, kbase + 128 * kk, kk > 0)
+            mma_s(s, sm, qbase + k_offset(kk), sm, kbase + k_offset(kk), kk > 0)
         commit()
 
     @device_function
@@ -109,12 +124,15 @@ def product_parts(P):
 
 @functools.cache
 def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
-                         num_warps=8, max_registers=None, fast_exp2=False, split_k=False):
+                         num_warps=8, max_registers=None, fast_exp2=False, split_k=False,
+                         swizzle=False):
     """Compile-time specialised warpgroup prefill kernel: arguments, grid,
     outputs and ``split_k`` as for :func:`kernels.prefill_tc.prefill_tc_kernel`
     with one m-tile a warp; ``num_warps`` a multiple of 4 (whole warpgroups),
     ``block_n`` a multiple of 16 up to 256. The launch needs
-    ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory.
+    ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory;
+    ``swizzle=True`` lays the tiles out in ``wgmma``'s swizzled layout
+    (:func:`kernels.prefill_tc_parts.tile_parts`) instead of core matrices.
     Runs on sm_90a GPUs (H100, H200) and under the simulator."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
@@ -123,7 +141,8 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         raise ValueError(f"wgmma needs num_warps a multiple of 4 and block_n a multiple of 16 "
                          f"up to 256, but got num_warps={num_warps}, block_n={block_n}")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, True, fast_exp2, False, False, STAGES)
+                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES)
+    ALIGN = 1024 if swizzle else 16
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     STAGE_V, KV_HEAD_AXIS, SMEM_T, HPB = P.STAGE_V, P.KV_HEAD_AXIS, P.SMEM_T, P.HPB
     Q_OFF = P.Q_OFF
@@ -170,7 +189,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
             cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
         last = int32(kv_hi - 1)
 
-        sm = cuda.shared.array(0, SMEM_T, alignment=16)
+        sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
         kstr = k_strides(key_cache, kvh, chunk_of(tid))
         vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, chunk_of(tid))
         tid_slot = slot(0, row_of(tid), chunk_of(tid))

@@ -48,13 +48,14 @@ def ws_shared_bytes(head_size, num_warps, block_n):
 
 @functools.cache
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
-                            num_warps=8, fast_exp2=False, split_k=False):
+                            num_warps=8, fast_exp2=False, split_k=False, swizzle=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
     registers move from producer to consumers with two) and one producer
     warpgroup, ``32 * num_warps + 128`` threads (``block_threads``, set on the
-    kernel) and ``dynamic_shared_bytes`` of dynamic shared memory."""
+    kernel) and ``dynamic_shared_bytes`` of dynamic shared memory; ``swizzle``
+    as for the wgmma kernel."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -63,7 +64,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                          f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
                          f"block_n={block_n}")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, True, fast_exp2, False, False, STAGES)
+                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES)
+    ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
                          f"layout")
@@ -131,7 +133,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
             cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
         last = int32(kv_hi - 1)
-        sm = cuda.shared.array(0, SMEM_T, alignment=16)
+        sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
 
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:

@@ -30,7 +30,13 @@ with ``x`` the row (``m`` or ``n``); for an MN-major ``B`` (``trans_b``:
 
     byte(k, n) = 2 (n % 8) + SBO (n // 8) + 16 (k % 8) + LBO (k // 8)
 
-(``LBO`` steps along ``K``, ``SBO`` along ``M``/``N``, both multiples of 16),
+(``LBO`` steps along ``K``, ``SBO`` along ``M``/``N``, both multiples of 16).
+With a *swizzle* of ``S`` = 32, 64 or 128 bytes (``swizzle=S``; the operand's
+base 1024-byte aligned) each row of an 8-row atom holds ``S`` contiguous bytes
+and chunk bits 4.. of every address are XORed with its bits 7.. (see
+:func:`swizzled`): K-major ``byte(x, k) = S (x % 8) + SBO (x // 8) + 2 k``
+(``k`` within one atom row; ``LBO`` unused), MN-major ``byte(k, n) = 2 (n %
+(S / 2)) + LBO (n // (S / 2)) + S (k % 8) + SBO (k // 8)``,
 each from the operand's first element, the flat index ``flat`` of a shared
 array. The instruction reads them through a 64-bit *matrix descriptor*
 (start address, ``LBO`` and ``SBO`` in 16-byte units, swizzle 0) built
@@ -62,17 +68,38 @@ from numba import config, types
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
 
 
-def descriptor_fields(lbo, sbo):
-    """The constant part of a no-swizzle matrix descriptor: ``LBO`` and ``SBO``
-    (bytes, multiples of 16 below 2**18) in their fields.
+SWIZZLE_MODES = {0: 0, 128: 1, 64: 2, 32: 3}     # swizzle span in bytes -> layout type
+
+
+def descriptor_fields(lbo, sbo, swizzle=0):
+    """The constant part of a matrix descriptor: ``LBO`` and ``SBO`` (bytes,
+    multiples of 16 below 2**18) and the swizzle span (0, 32, 64 or 128
+    bytes) in their fields.
 
     >>> hex(descriptor_fields(128, 2048))
     '0x8000080000'
+    >>> hex(descriptor_fields(16, 2048, 128))
+    '0x4000008000010000'
     """
     for name, v in (("lbo", lbo), ("sbo", sbo)):
         if v % 16 or not 0 <= v < 2 ** 18:
             raise ValueError(f"{name}={v} must be a multiple of 16 below 2**18")
-    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
+    if swizzle not in SWIZZLE_MODES:
+        raise ValueError(f"swizzle={swizzle} must be one of {sorted(SWIZZLE_MODES)} (bytes)")
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (SWIZZLE_MODES[swizzle] << 62)
+
+
+def swizzled(byte, swizzle):
+    """Where a ``wgmma`` operand's logical ``byte`` (from a 1024-byte aligned
+    base) lies in a ``swizzle``-byte swizzled layout: its 16-byte chunk index
+    XORed with bits 7 and up of the address (``Swizzle<b, 4, 3>``).
+
+    >>> [swizzled(b, 128) // 16 for b in (0, 16, 128, 144, 896)]
+    [0, 1, 9, 8, 63]
+    """
+    if not swizzle:
+        return byte
+    return byte ^ (((byte >> 7) & (swizzle // 16 - 1)) << 4)
 
 
 if config.ENABLE_CUDASIM:
@@ -84,25 +111,32 @@ if config.ENABLE_CUDASIM:
             return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         return a.astype(np.float64)
 
-    def _kmajor(vals, flat, rows, k, lbo, sbo):
+    def _kmajor(vals, flat, rows, k, lbo, sbo, swizzle=0):
         """``M[x, kk]`` (``rows x k``) of a K-major operand at ``flat``."""
         x = np.arange(rows)[:, None]
         kk = np.arange(k)[None, :]
-        byte = 16 * (x % 8) + sbo * (x // 8) + 2 * (kk % 8) + lbo * (kk // 8)
-        return vals[flat + byte // 2]
+        if swizzle:
+            byte = swizzle * (x % 8) + sbo * (x // 8) + 2 * kk
+        else:
+            byte = 16 * (x % 8) + sbo * (x // 8) + 2 * (kk % 8) + lbo * (kk // 8)
+        return vals[swizzled(2 * flat + byte, swizzle) // 2]
 
-    def _mnmajor(vals, flat, k, n, lbo, sbo):
+    def _mnmajor(vals, flat, k, n, lbo, sbo, swizzle=0):
         """``B[kk, y]`` (``k x n``) of an MN-major operand at ``flat``."""
         kk = np.arange(k)[:, None]
         y = np.arange(n)[None, :]
-        byte = 2 * (y % 8) + sbo * (y // 8) + 16 * (kk % 8) + lbo * (kk // 8)
-        return vals[flat + byte // 2]
+        if swizzle:
+            span = swizzle // 2                      # elements of an atom's row
+            byte = 2 * (y % span) + lbo * (y // span) + swizzle * (kk % 8) + sbo * (kk // 8)
+        else:
+            byte = 2 * (y % 8) + sbo * (y // 8) + 16 * (kk % 8) + lbo * (kk // 8)
+        return vals[swizzled(2 * flat + byte, swizzle) // 2]
 
-    def _b_matrix(b, b_flat, dtype, n, lbo, sbo, trans_b):
+    def _b_matrix(b, b_flat, dtype, n, lbo, sbo, trans_b, swizzle=0):
         vals = _values(b, dtype)
         if trans_b:
-            return _mnmajor(vals, b_flat, 16, n, lbo, sbo)
-        return _kmajor(vals, b_flat, n, 16, lbo, sbo).T
+            return _mnmajor(vals, b_flat, 16, n, lbo, sbo, swizzle)
+        return _kmajor(vals, b_flat, n, 16, lbo, sbo, swizzle).T
 
     def _thread():
         import threading
@@ -121,26 +155,26 @@ if config.ENABLE_CUDASIM:
                 flat[4 * j + e] = np.float32(prev + d[e >> 1, col])
 
     @functools.cache
-    def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False):
+    def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False, swizzle=0):
         """``mma(acc, a, a_flat, b, b_flat, accumulate)``: ``acc += A @ B`` (or
         ``=`` where ``accumulate`` is false), ``A`` and ``B`` in shared memory."""
-        descriptor_fields(a_lbo, a_sbo), descriptor_fields(b_lbo, b_sbo)
+        descriptor_fields(a_lbo, a_sbo, swizzle), descriptor_fields(b_lbo, b_sbo, swizzle)
 
         def mma(acc, a, a_flat, b, b_flat, accumulate):
             tid = _thread()
             r0 = 16 * ((tid // 32) % 4) + (tid % 32) // 4
-            A = _kmajor(_values(a, dtype), a_flat, 64, 16, a_lbo, a_sbo)
-            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b)
+            A = _kmajor(_values(a, dtype), a_flat, 64, 16, a_lbo, a_sbo, swizzle)
+            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b, swizzle)
             _accumulate(acc, A[[r0, r0 + 8]], B, accumulate, n)
         return mma
 
     @functools.cache
-    def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False):
+    def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False, swizzle=0):
         """``mma(acc, a0, a1, a2, a3, b, b_flat, accumulate)``: as
         :func:`wgmma_ss` with ``A`` from the warps' registers."""
         from .._simulator import _rendezvous
         from .mma import _halves
-        descriptor_fields(b_lbo, b_sbo)
+        descriptor_fields(b_lbo, b_sbo, swizzle)
 
         def mma(acc, a0, a1, a2, a3, b, b_flat, accumulate):
             lane, _, frags = _rendezvous(0xFFFFFFFF, "wgmma", (a0, a1, a2, a3))
@@ -152,7 +186,7 @@ if config.ENABLE_CUDASIM:
                 A[r, 2 * c + 8:2 * c + 10] = _halves(a[2], dtype)
                 A[r + 8, 2 * c + 8:2 * c + 10] = _halves(a[3], dtype)
             r = lane // 4
-            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b)
+            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b, swizzle)
             _accumulate(acc, A[[r, r + 8]], B, accumulate, n)
         return mma
 
@@ -350,9 +384,9 @@ else:
         return isinstance(acc, types.Array) and acc.dtype == types.float32 and acc.layout == "C"
 
     @functools.cache
-    def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False):
-        a_fields = descriptor_fields(a_lbo, a_sbo)
-        b_fields = descriptor_fields(b_lbo, b_sbo)
+    def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False, swizzle=0):
+        a_fields = descriptor_fields(a_lbo, a_sbo, swizzle)
+        b_fields = descriptor_fields(b_lbo, b_sbo, swizzle)
         text = _text(dtype, n, False, trans_b)
 
         @intrinsic
@@ -364,8 +398,8 @@ else:
         return mma
 
     @functools.cache
-    def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False):
-        b_fields = descriptor_fields(b_lbo, b_sbo)
+    def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False, swizzle=0):
+        b_fields = descriptor_fields(b_lbo, b_sbo, swizzle)
         text = _text(dtype, n, True, trans_b)
 
         @intrinsic
