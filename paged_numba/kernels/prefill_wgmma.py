@@ -37,7 +37,7 @@ from . import wgmma as wg
 from .access import device_function
 from .async_copy import commit_group
 from .decode import LOG2E
-from .prefill_tc_parts import FULL_MASK, tile_parts
+from .prefill_tc_parts import FULL_MASK, cuda_function, tile_parts
 from .prefill_tc_tiling import supports
 
 STAGES = 3            # K/V tiles in the ring: j - 1 (values), j (keys), j + 1 (in flight)
@@ -122,6 +122,67 @@ def product_parts(P):
     return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
 
 
+def key_loop(P, W, stages, acquire, release):
+    """The software-pipelined loop over a tile's key tiles, shared by both
+    warpgroup kernels: prologue ``S_0``; steady state ``j``: ``S_j`` with
+    ``P_{j-1} V_{j-1}`` in flight; epilogue ``P_{n-1} V_{n-1}`` (no branch
+    between a product's issue and its wait). ``acquire(j, ntiles, a)`` makes
+    tile ``j``'s stage (of ``stages``) readable, ``release(j, ntiles, a)`` hands
+    it back once its products are done; ``a`` is the kernel's tuple for them."""
+    BN, rescale_half = P.BN, P.rescale_half
+    pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
+        W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
+    fence, issue_s, issue_pv, tile_weights, pack_p = (
+        W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
+
+    @cuda_function
+    def run(sm, qbase, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+            ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, a):
+        if ntiles > 0:
+            acquire(0, ntiles, a)
+            pin_s(s)
+            fence()
+            issue_s(s, sm, qbase, 0)
+            wait_s_alone(s)
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
+                         window, qscale, soft_cap, cap2, alibi, sc)
+            pack_p(pa, s)
+        for j in range(1, ntiles):
+            acquire(j, ntiles, a)
+            pin_s(s)
+            fence()
+            issue_s(s, sm, qbase, j % stages)
+            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
+            rescale_half(o, alpha, 0, 1)
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_pv(o, pa, sm, (j - 1) % stages)
+            wait_s(s)                   # S_j landed; P V may still run
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
+                         causal, window, qscale, soft_cap, cap2, alibi, sc)
+            # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
+            # plain wait above the softmax (nothing ties them), serialising it
+            # with P V; a branch on the row sums (always taken: a sum is >= 0 or
+            # NaN) keeps it after them.
+            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
+                wait_o(o)
+            else:
+                wait_o_twin(o)
+            release(j - 1, ntiles, a)
+            pack_p(pa, s)
+        if ntiles > 0:
+            rescale_half(o, alpha, 0, 0)
+            rescale_half(o, alpha, 0, 1)
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_pv(o, pa, sm, (ntiles - 1) % stages)
+            wait_o(o)
+
+    return run
+
+
 @functools.cache
 def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                          num_warps=8, max_registers=None, fast_exp2=False, split_k=False,
@@ -150,19 +211,16 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     k_strides, v_strides = P.k_strides, P.v_strides
     issue_tile, load_queries = P.issue_tile, P.load_queries
     tile_range, init_rows = P.tile_range, P.init_rows
-    rescale_half, store_half = P.rescale_half, P.store_half
+    store_half = P.store_half
     W = product_parts(P)
-    pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
-        W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
-    fence, issue_s, issue_pv, tile_weights, pack_p = (
-        W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
     fence_proxy = wg.fence_proxy_async
 
     @device_function
-    def next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
-                  ntiles, j, tid, kstr, vstr, tid_slot):
+    def acquire(j, ntiles, a):
         """Wait for tile ``j``'s copies, make them visible to the tensor cores, and
         start copying tile ``j + 1`` (into the stage tile ``j - 2`` used)."""
+        sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last, tid, \
+            kstr, vstr, tid_slot = a
         wait_all()
         fence_proxy()       # this thread's copies, visible to the tensor cores' reads
         cuda.syncthreads()  # everyone's copies landed; everyone is done with tile j - 2
@@ -170,6 +228,12 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
             issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh,
                        kv_first + (j + 1) * BN, kv_lo, last, (j + 1) % STAGES, tid, kstr, vstr,
                        tid_slot)
+
+    @device_function
+    def release(j, ntiles, a):
+        """Nothing: the next ``acquire``'s barrier frees the stage."""
+
+    run_keys = key_loop(P, W, STAGES, acquire, release)
 
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))
@@ -219,50 +283,10 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
             for e in range(4):
                 o[0, i, e] = 0.0
 
-        # prologue S_0; steady state j: S_j with P_{j-1} V_{j-1} in flight; epilogue
-        # P_{n-1} V_{n-1}. No branch lies between a product's issue and its wait.
-        if ntiles > 0:
-            next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
-                      ntiles, 0, tid, kstr, vstr, tid_slot)
-            pin_s(s)
-            fence()
-            issue_s(s, sm, qbase, 0)
-            wait_s_alone(s)
-            tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
-                         window, qscale, soft_cap, cap2, alibi, sc)
-            pack_p(pa, s)
-        for j in range(1, ntiles):
-            next_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
-                      ntiles, j, tid, kstr, vstr, tid_slot)
-            pin_s(s)
-            fence()
-            issue_s(s, sm, qbase, j % STAGES)
-            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
-            rescale_half(o, alpha, 0, 1)
-            pin_p(pa)
-            pin_o(o)
-            fence()
-            issue_pv(o, pa, sm, (j - 1) % STAGES)
-            wait_s(s)                   # S_j landed; P V may still run
-            tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
-                         causal, window, qscale, soft_cap, cap2, alibi, sc)
-            # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
-            # plain wait above the softmax (nothing ties them), serialising it
-            # with P V; a branch on the row sums (always taken: a sum is >= 0 or
-            # NaN) keeps it after them.
-            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
-                wait_o(o)
-            else:
-                wait_o_twin(o)
-            pack_p(pa, s)
-        if ntiles > 0:
-            rescale_half(o, alpha, 0, 0)
-            rescale_half(o, alpha, 0, 1)
-            pin_p(pa)
-            pin_o(o)
-            fence()
-            issue_pv(o, pa, sm, (ntiles - 1) % STAGES)
-            wait_o(o)
+        tiles = (sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+                 tid, kstr, vstr, tid_slot)
+        run_keys(sm, qbase, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, tiles)
 
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)

@@ -29,7 +29,7 @@ from .async_copy import commit_group, copy16_async, wait_group
 from .decode import LOG2E
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import supports
-from .prefill_wgmma import product_parts
+from .prefill_wgmma import key_loop, product_parts
 
 STAGES = 4            # K/V tiles in the ring
 PRODUCER_THREADS = 128
@@ -74,11 +74,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     KV_OFF, KV_HEAD_AXIS, SMEM_T, BLOCK_SIZE = P.KV_OFF, P.KV_HEAD_AXIS, P.SMEM_T, P.BLOCK_SIZE
     slot, row_of, chunk_of, k_flat, v_flat = P.slot, P.row_of, P.chunk_of, P.k_flat, P.v_flat
     load_queries, tile_range, init_rows = P.load_queries, P.tile_range, P.init_rows
-    rescale_half, store_half, wait_all = P.rescale_half, P.store_half, P.wait_all
-    pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
-        W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
-    fence, issue_s, issue_pv, tile_weights, pack_p = (
-        W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
+    store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
     wait_older = wait_group(1)            # all but this thread's newest group of copies
     NTHREADS = 32 * num_warps + PRODUCER_THREADS
@@ -110,6 +106,20 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 copy16_async(sm, slot(kbase + BN * D, n, ch), value_cache,
                              v_flat(value_cache, blk, kvh, off, ch))
         commit_group()
+
+    @device_function
+    def acquire(j, ntiles, a):
+        """Wait until the producer has published tile ``j``."""
+        bar_sync(FULL + j % STAGES)
+
+    @device_function
+    def release(j, ntiles, a):
+        """Tile ``j``'s products are done: its stage is free for the producer
+        (which waits for it only if it has a tile ``j + STAGES`` to copy)."""
+        if j + STAGES < ntiles:
+            bar_arrive(EMPTY + j % STAGES)
+
+    run_keys = key_loop(P, W, STAGES, acquire, release)
 
     @device_function
     def publish(j):
@@ -181,47 +191,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             for e in range(4):
                 o[0, i, e] = 0.0
 
-        # as in the wgmma kernel: prologue S_0; steady state j: S_j with
-        # P_{j-1} V_{j-1} in flight; epilogue P_{n-1} V_{n-1}
-        if ntiles > 0:
-            bar_sync(FULL)
-            pin_s(s)
-            fence()
-            issue_s(s, sm, qbase, 0)
-            wait_s_alone(s)
-            tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
-                         window, qscale, soft_cap, cap2, alibi, sc)
-            pack_p(pa, s)
-        for j in range(1, ntiles):
-            bar_sync(FULL + j % STAGES)
-            pin_s(s)
-            fence()
-            issue_s(s, sm, qbase, j % STAGES)
-            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
-            rescale_half(o, alpha, 0, 1)
-            pin_p(pa)
-            pin_o(o)
-            fence()
-            issue_pv(o, pa, sm, (j - 1) % STAGES)
-            wait_s(s)
-            tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
-                         causal, window, qscale, soft_cap, cap2, alibi, sc)
-            # the wait for P V in a branch on the row sums: see the wgmma kernel
-            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
-                wait_o(o)
-            else:
-                wait_o_twin(o)
-            if j - 1 + STAGES < ntiles:     # tile j - 1's stage is free for the producer
-                bar_arrive(EMPTY + (j - 1) % STAGES)
-            pack_p(pa, s)
-        if ntiles > 0:
-            rescale_half(o, alpha, 0, 0)
-            rescale_half(o, alpha, 0, 1)
-            pin_p(pa)
-            pin_o(o)
-            fence()
-            issue_pv(o, pa, sm, (ntiles - 1) % STAGES)
-            wait_o(o)
+        run_keys(sm, qbase, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, (0,))
 
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
