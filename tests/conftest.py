@@ -72,10 +72,23 @@ SLOW = {
 }
 
 
+# The quick tier (``-m quick``, under two minutes on two cores): every doctest (each
+# public function's example runs on the simulator) and the host-side test files
+# (bookkeeping, tables, layouts, validation, bad inputs), which launch few kernels.
+QUICK_FILES = {
+    "test_allocator.py", "test_block_manager.py", "test_page_tables.py", "test_layouts.py",
+    "test_validation.py", "test_bookkeeping_inputs.py", "test_bad_inputs.py",
+    "test_simulator.py", "test_serving_sim.py",
+}
+
+
 @pytest.hookimpl(tryfirst=True)          # before -m deselects by the marks
 def pytest_collection_modifyitems(items):
-    """Mark the tests named in :data:`SLOW` ``slow``."""
+    """Mark the tests named in :data:`SLOW` ``slow``, and the doctests and the
+    tests of :data:`QUICK_FILES` ``quick``."""
     for item in items:
+        if type(item).__name__ == "DoctestItem" or item.path.name in QUICK_FILES:
+            item.add_marker(pytest.mark.quick)
         names = SLOW.get(item.path.name, ())
         cls = getattr(item, "cls", None)
         if (item.name in names or getattr(item, "originalname", None) in names

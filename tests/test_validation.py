@@ -107,3 +107,18 @@ def test_allocator_out_of_blocks_changes_nothing():
     after = (list(alloc.free_block_ids), alloc.block_table(), alloc.seq_lens())
     assert before[0] == after[0]
     assert np.array_equal(before[1], after[1]) and np.array_equal(before[2], after[2])
+
+
+def test_every_public_name_runs_in_a_doctest():
+    """The quick tier (``-m quick``) relies on the doctests to run every public
+    function on the simulator: each name of ``paged_numba.__all__`` appears in
+    an example line (``>>>``) of the package or the README."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(pn.__file__).parent
+    texts = [p.read_text() for p in root.rglob("*.py")]
+    texts.append((root.parent / "README.md").read_text())
+    lines = "\n".join(l for t in texts for l in t.splitlines() if l.lstrip().startswith(">>>"))
+    missing = [n for n in pn.__all__ if not re.search(rf"\b{n}\b", lines)]
+    assert not missing, f"public names with no doctest: {missing}"
