@@ -2,7 +2,7 @@
 cache's scales, write_kv's quantisation, decode over fp8 pools, and bad input.
 
 * The device encoder (``kernels.fp8.encoder``, called as a Python function
-  under the simulator) is bit-exact against ``ml_dtypes`` on every fp16 and
+  under the simulator, in a kernel on a GPU) is bit-exact against ``ml_dtypes`` on every fp16 and
   every bf16 bit pattern divided by several float32 scales, with saturation
   at the format's max in place of ml_dtypes' NaN/inf; the decoder on every
   code.
@@ -14,12 +14,14 @@ cache's scales, write_kv's quantisation, decode over fp8 pools, and bad input.
   (hypothesis: both formats, both scale granularities, every query dtype and
   layout, the variants, split-K for decode).
 """
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from numba import float32
+from numba import cuda, float32
 
 import paged_numba as pn
 from paged_numba import fp8 as F
@@ -29,6 +31,46 @@ from paged_numba.testing import (check_attention, decode_problems, decode_refere
 
 FORMATS = F.FP8_DTYPES
 BF16 = np.dtype(ml_dtypes.bfloat16)
+SIM = pn.simulator_enabled()
+
+
+@functools.cache
+def _mapper(fn):
+    @cuda.jit
+    def each(x, out):
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = fn(x[i])
+    return each
+
+
+def _map(fn, x, dtype):
+    """``fn`` (a device function) on every element of ``x``: called from Python
+    under the simulator (a kernel of 262,144 simulated threads would take
+    minutes), in a kernel on a GPU."""
+    if SIM:
+        return np.fromiter((fn(v) for v in x), dtype, count=x.size)
+    out = cuda.device_array(x.size, dtype)
+    _mapper(fn)[(x.size + 255) // 256, 256](cuda.to_device(x), out)
+    return out.copy_to_host()
+
+
+@functools.cache
+def _loader(fmt):
+    load = K.load16_fp8(fmt)
+
+    @cuda.jit
+    def one(buf, flat, out):
+        load(buf, flat, out, 0)
+    return one
+
+
+@cuda.jit
+def _query_conversions(bits, halves, out_bits, out_halves, got):
+    got[0] = K.to_f32_any(bits[1])
+    got[1] = K.to_f32_any(halves[0])
+    got[2] = K.store_as(float32(1.0 + 2.0 ** -9), out_bits)
+    got[3] = K.store_as(float32(0.1), out_halves)
 
 
 def _all_fp16():
@@ -59,7 +101,7 @@ def test_encoder_bit_exact_on_every_16_bit_pattern(fmt, source):
     for scale in (np.float32(1.0), np.float32(0.37), np.float32(2.0 ** -12), np.float32(3e4)):
         with np.errstate(over="ignore", invalid="ignore"):
             y = x / scale                               # float32, as write_kv divides
-        got = np.fromiter((encode(v) for v in y), np.uint8, count=y.size)
+        got = _map(encode, y, np.uint8)
         want = _expected(y, fmt)
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, (f"{bad.size} mismatches at scale {scale}, first: {y[bad[0]]!r} -> "
@@ -73,10 +115,12 @@ def test_encoder_specials(fmt):
     nan = 0x7F if fmt == "float8_e4m3fn" else 0x7E
     cases = [(np.inf, 0x7E if fmt == "float8_e4m3fn" else 0x7B), (2.0 * m, None), (np.nan, nan),
              (-np.nan, 0x80 | nan), (-0.0, 0x80), (0.0, 0x00)]
-    for x, code in cases:
-        code = encode(float32(m)) if code is None else code     # 2 max saturates to max
-        assert encode(float32(x)) == code, x
-    assert encode(float32(-np.inf)) == 0x80 | encode(float32(np.inf))
+    xs = np.array([x for x, _ in cases] + [m, -np.inf], np.float32)
+    got = _map(encode, xs, np.uint8)
+    for (x, code), g in zip(cases, got):
+        code = got[-2] if code is None else code     # 2 max saturates to max
+        assert g == code, x
+    assert got[-1] == 0x80 | got[0]                  # -inf and inf
     assert F.quantize(np.float32(np.inf), 1.0, fmt).astype(np.float64) == m
 
 
@@ -85,23 +129,35 @@ def test_decoder_exact_on_every_code(fmt):
     codes = np.arange(256, dtype=np.uint8)
     want = codes.view(F.FP8_NUMPY[fmt]).astype(np.float32).view(np.uint32)
     decode = K.decoder(fmt)
-    got = np.array([decode(c) for c in codes], np.float32).view(np.uint32)
+    got = _map(decode, codes, np.float32).view(np.uint32)
     assert np.array_equal(got, want)                       # NaN patterns and signs included
     assert np.array_equal(K.decode_table(fmt).view(np.uint32), want)
-    # the 16-byte load (the simulator's table stand-in) on an aligned buffer
-    buf = np.random.default_rng(1).integers(0, 256, 64, dtype=np.uint8)
-    out = np.zeros(16, np.float32)
-    K.load16_fp8(fmt)(buf, 32, out, 0)
-    assert np.array_equal(out.view(np.uint32), want[buf[32:48]])
+    # the 16-byte load (the simulator's table stand-in; on a GPU the device's
+    # conversion) on an aligned buffer, every code included
+    buf = np.concatenate([np.random.default_rng(1).integers(0, 256, 32, dtype=np.uint8),
+                          codes])
+    for flat in range(0, buf.size, 16):
+        out = np.zeros(16, np.float32)
+        if SIM:
+            K.load16_fp8(fmt)(buf, flat, out, 0)
+        else:
+            d_out = cuda.to_device(out)
+            _loader(fmt)[1, 1](cuda.to_device(buf), flat, d_out)
+            out = d_out.copy_to_host()
+        assert np.array_equal(out.view(np.uint32), want[buf[flat:flat + 16]]), flat
 
 
 def test_query_conversions_follow_the_array_type():
-    x = np.array([1.5, -2.25], BF16)
-    assert K.to_f32_any(x.view(np.uint16)[1]) == np.float32(-2.25)
-    assert K.to_f32_any(np.float16(0.5)) == np.float32(0.5)
-    bits = np.zeros(1, np.uint16)
-    assert K.store_as(np.float32(1.0 + 2.0 ** -9), bits) == np.uint16(0x3F80)   # nearest even
-    assert K.store_as(np.float32(0.1), np.zeros(1, np.float16)) == np.float32(0.1)
+    x = np.array([1.5, -2.25], BF16).view(np.uint16)
+    got = np.zeros(4, np.float64)
+    d_got = cuda.to_device(got)
+    _query_conversions[1, 1](cuda.to_device(x), cuda.to_device(np.array([0.5], np.float16)),
+                             cuda.to_device(np.zeros(1, np.uint16)),
+                             cuda.to_device(np.zeros(1, np.float16)), d_got)
+    got = d_got.copy_to_host()
+    assert got[0] == -2.25 and got[1] == 0.5
+    assert got[2] == 0x3F80                                 # 1 + 2**-9 to bf16: nearest even
+    assert got[3] == np.float64(np.float32(0.1))          # an fp16 array: the value as it is
 
 
 # -- the cache and its scales -----------------------------------------------------
