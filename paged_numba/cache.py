@@ -328,9 +328,11 @@ class PagedKVCache:
         if self.num_layers is not None:
             raise ValueError("gather() works on one layer: call cache.layer(i).gather(...).")
         row = np.asarray(_arrays.to_host(block_table_row)).reshape(-1)
-        seq_len = int(seq_len)
+        seq_len = C.integer("seq_len", seq_len, lo=0)
+        if row.size and not np.issubdtype(row.dtype, np.integer):
+            raise TypeError(f"block_table_row must hold integers, but got dtype {row.dtype}.")
         used = -(-seq_len // self.block_size)
-        if seq_len < 0 or used > row.size:
+        if used > row.size:
             raise ValueError(
                 f"seq_len={seq_len} needs {used} blocks, but the block table row has {row.size}.")
         blocks = [int(b) for b in row[:used]]

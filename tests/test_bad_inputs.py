@@ -131,6 +131,10 @@ CASES = [
         np.zeros((1, 4, 1, 8), F32), np.zeros((1, 4, 1, 8), np.float16)), "value_cache", "float16"),
     case("cache-gather-negative", lambda e: e.cache.gather([1], -1), "seq_len", "-1"),
     case("cache-gather-block", lambda e: e.cache.gather([9], 3), "block table entry 0", "9"),
+    case("cache-gather-float", lambda e: e.cache.gather([1], 2.5), "seq_len", "2.5"),
+    case("cache-gather-bool", lambda e: e.cache.gather([1], True), "seq_len", "True"),
+    case("cache-gather-float-row", lambda e: e.cache.gather([1.0], 3), "block_table_row",
+         "float64", error=TypeError),
     # -- BlockAllocator -----------------------------------------------------------
     case("alloc-num_blocks-0", lambda e: pn.BlockAllocator(0, 4), "num_blocks", "0"),
     case("alloc-block_size-float", lambda e: pn.BlockAllocator(4, 4.0), "block_size", "4.0"),
