@@ -11,7 +11,8 @@ or kept in registers), ``-r<N>`` (at most N registers a thread), ``-fx``
 ``-mt2`` (``m_tiles=2``: 32 rows a warp), ``-wg`` (``wgmma``: warpgroup
 products, sm_90a, warps a multiple of 4), ``-ws`` (with ``-wg``: a
 producer warpgroup does the copies, ``w<N>`` counts the other warps), ``-sw``
-(with ``-wg``: the swizzled tile layout), ``-h<N>`` (N query heads a tile,
+(with ``-wg``: the swizzled tile layout), ``-s<N>`` (with ``-ws``: N ring
+stages), ``-h<N>`` (N query heads a tile,
 up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
 decode), ``-p<N>`` (split-K in N parts); ``default`` (the plan's default
 tiling and options) or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
@@ -122,6 +123,8 @@ def variant_plan(name, cache, cu, lens, num_heads):
             options["max_registers"] = int(o[1:])
         elif re.fullmatch(r"h\d+", o):
             hpb = int(o[1:])
+        elif re.fullmatch(r"s\d+", o):
+            options["stages"] = int(o[1:])
         elif re.fullmatch(r"p\d+", o):
             parts = int(o[1:])
         else:

@@ -63,8 +63,8 @@ class PrefillPlan:
         simulator; ``num_warps`` a multiple of 4, default 8 on a GPU);
         ``producer=True`` with it adds a warpgroup that does all the copies
         (:mod:`paged_numba.kernels.prefill_wgmma_ws`; ``num_warps`` 4 or 8
-        counts the others), and ``swizzle=True`` lays its tiles out in the
-        swizzled layout.
+        counts the others; ``stages`` its ring, 3 to 7, default 4), and
+        ``swizzle=True`` lays the tiles out in the swizzled layout.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by
@@ -130,7 +130,8 @@ class PrefillPlan:
             options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
                                          num_warps, options.get("m_tiles"),
                                          options.get("wgmma", False),
-                                         options.get("producer", False)), **options}
+                                         options.get("producer", False),
+                                         options.get("stages")), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -181,7 +182,7 @@ class PrefillPlan:
                              f"more than {SHARED_LIMIT}.")
 
     def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
-                   wgmma=False, producer=False):
+                   wgmma=False, producer=False, stages=None):
         """Set the tiling; returns the default kernel options (``m_tiles`` the
         caller's, if given)."""
         if producer and not wgmma:
@@ -241,7 +242,8 @@ class PrefillPlan:
                 raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
                                  f"this one has compute capability {cc}.")
         if producer:
-            need = ws_shared_bytes(self.cache.head_size, nw, bn)
+            need = ws_shared_bytes(self.cache.head_size, nw, bn,
+                                   *(() if stages is None else (stages,)))
         elif wgmma:
             need = wgmma_shared_bytes(self.cache.head_size, nw, bn)
         else:

@@ -187,8 +187,9 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
 @pytest.mark.parametrize("p, causal, tiling, extra", [
     (WS_LONG, True, WS_TWO, {}), (WS_LONG, False, WS_ONE, {}),
     (LONG_F16, True, dict(WS_ONE, num_parts=2),
-     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0))],
-    ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k"])
+     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
+    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)), {})],
+    ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -221,6 +222,11 @@ def test_wgmma_rejects_tilings_it_cannot_run():
                                            kernel_options=dict(producer=True)))
     with pytest.raises(ValueError, match="num_warps 4 or 8"):
         check_prefill(LONG_F16, True, dict(WS, num_warps=12, block_n=16))
+    with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
+        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
+                                                                       stages=2)))
+    with pytest.raises(ValueError, match="stages applies to the producer kernel"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
 
 
 @pytest.mark.parametrize("p, parts, extra", [

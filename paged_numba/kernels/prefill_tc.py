@@ -62,7 +62,7 @@ from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here t
 def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                       num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
                       fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
-                      wgmma=False, producer=False, swizzle=False):
+                      wgmma=False, producer=False, swizzle=False, stages=None):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -101,7 +101,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     warpgroup that does all the copying
     (:func:`kernels.prefill_wgmma_ws.prefill_wgmma_ws_kernel`: ``num_warps``
     counts the other warps, the launch takes ``block_threads`` threads);
-    ``swizzle=True`` (with ``wgmma``) the swizzled tile layout."""
+    ``swizzle=True`` (with ``wgmma``) the swizzled tile layout; ``stages``
+    (with ``producer``) the K/V tiles in its ring."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -117,14 +118,18 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             if max_registers is not None:
                 raise ValueError(f"the producer kernel sets its own registers, but got "
                                  f"max_registers={max_registers}")
+            extra = {} if stages is None else dict(stages=stages)
             return prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n,
                                            dtype, layout, num_warps, fast_exp2=fast_exp2,
-                                           split_k=split_k, swizzle=swizzle)
+                                           split_k=split_k, swizzle=swizzle, **extra)
+        if stages is not None:
+            raise ValueError(f"stages applies to the producer kernel, but got stages={stages} "
+                             f"without producer=True")
         return prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                                     layout, num_warps, max_registers=max_registers,
                                     fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle)
-    if producer or swizzle:
-        raise ValueError("producer=True and swizzle=True need wgmma=True")
+    if producer or swizzle or stages is not None:
+        raise ValueError("producer=True, swizzle=True and stages need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS

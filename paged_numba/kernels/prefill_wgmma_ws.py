@@ -6,7 +6,8 @@ The tile, its arguments, grid, outputs and arithmetic are those of
 the keys and values:
 
 * warpgroup 0 (threads 0-127) is the *producer*: it gathers K/V tiles through
-  the block table with ``cp.async`` into a ring of ``STAGES`` stages, and
+  the block table with ``cp.async`` into a ring of ``stages`` stages (4 by
+  default), and
   gives back most of its registers (``setmaxnreg.dec`` to 40);
 * the other warpgroups are *consumers* (64 rows each, ``setmaxnreg.inc`` to
   232): the products and the online softmax of the ``wgmma`` kernel, with no
@@ -17,7 +18,8 @@ the keys and values:
 * stage ``s`` has two named barriers of the whole block: *full* (the producer
   arrives once the stage's copies landed, the consumers wait) and *empty* (the
   consumers arrive once the products reading it are done, the producer waits
-  before overwriting it). The producer runs up to ``STAGES - 1`` tiles ahead.
+  before overwriting it). The producer runs up to ``stages - 2`` tiles ahead
+  of the tile whose scores the consumers compute.
 """
 import functools
 
@@ -36,26 +38,27 @@ PRODUCER_THREADS = 128
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 65536
 
 
-def ws_shared_bytes(head_size, num_warps, block_n):
+def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES):
     """Dynamic shared memory of one block: 16 query rows a consumer warp and a
-    ``STAGES``-stage K/V ring, 2 bytes an element.
+    ``stages``-stage K/V ring, 2 bytes an element.
 
-    >>> ws_shared_bytes(128, 8, 64)
-    163840
+    >>> ws_shared_bytes(128, 8, 64), ws_shared_bytes(128, 8, 128, stages=3)
+    (163840, 229376)
     """
-    return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
+    return 2 * head_size * (16 * num_warps + stages * 2 * block_n)
 
 
 @functools.cache
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
-                            num_warps=8, fast_exp2=False, split_k=False, swizzle=False):
+                            num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
+                            stages=STAGES):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
     registers move from producer to consumers with two) and one producer
     warpgroup, ``32 * num_warps + 128`` threads (``block_threads``, set on the
     kernel) and ``dynamic_shared_bytes`` of dynamic shared memory; ``swizzle``
-    as for the wgmma kernel."""
+    as for the wgmma kernel; ``stages`` (3 to 7) K/V tiles in the ring."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -63,6 +66,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         raise ValueError(f"the producer kernel needs num_warps 4 or 8 (consumer warpgroups) and "
                          f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
                          f"block_n={block_n}")
+    # 3 at least: the producer publishes tile j - 1 only after claiming the stage of
+    # tile j, which the consumers free after tile j - 1 with 2 stages (a deadlock);
+    # 7 at most: two named barriers a stage, 15 besides __syncthreads'
+    if not 3 <= stages <= 7:
+        raise ValueError(f"the producer kernel takes 3 to 7 stages, but got stages={stages}")
+    STAGES = int(stages)
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES)
     ALIGN = 1024 if swizzle else 16
