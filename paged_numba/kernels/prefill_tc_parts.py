@@ -115,26 +115,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     quad_sum = lane_reducer(3, False)
 
 
-    if SWIZZLED:
-        @device_function
-        def slot(base, row, ch):
-            """Flat index of chunk ``ch`` of ``row`` in the ``wgmma`` swizzled layout
-            (atoms of 8 rows x SPAN bytes, chunk XOR address bits 7..; bases 1024-byte
-            aligned)."""
-            r8 = row & 7
-            x = ((r8 * SPAN) >> 7) & (CPS - 1)
-            return base + (((row >> 3) * SEGS + ch // CPS) * 8 + r8) * (SPAN // 2) + \
-                ((ch % CPS) ^ x) * 8
-
-        @device_function
-        def row_of(idx):
-            """The row of the ``idx``-th chunk a tile copies (whole rows in turn)."""
-            return idx // NCH
-
-        @device_function
-        def chunk_of(idx):
-            return idx % NCH
-    elif CORE:
+    if CORE:
         @device_function
         def slot(base, row, ch):
             """Flat index in shared memory of chunk ``ch`` of ``row`` (core matrices)."""
@@ -148,11 +129,22 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         @device_function
         def chunk_of(idx):
             return (idx >> 3) % NCH
-    else:
-        @device_function
-        def slot(base, row, ch):
-            """Flat index in shared memory of chunk ``ch`` of ``row`` (swizzled)."""
-            return base + (row * NCH + (ch ^ (row & SWZ))) * 8
+    else:                   # rows in turn: a warp copies whole rows
+        if SWIZZLED:
+            @device_function
+            def slot(base, row, ch):
+                """Flat index of chunk ``ch`` of ``row`` in the ``wgmma`` swizzled
+                layout (atoms of 8 rows x SPAN bytes, chunk XOR address bits 7..;
+                bases 1024-byte aligned)."""
+                r8 = row & 7
+                x = ((r8 * SPAN) >> 7) & (CPS - 1)
+                return base + (((row >> 3) * SEGS + ch // CPS) * 8 + r8) * (SPAN // 2) + \
+                    ((ch % CPS) ^ x) * 8
+        else:
+            @device_function
+            def slot(base, row, ch):
+                """Flat index in shared memory of chunk ``ch`` of ``row`` (swizzled)."""
+                return base + (row * NCH + (ch ^ (row & SWZ))) * 8
 
         @device_function
         def row_of(idx):
@@ -162,7 +154,6 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         @device_function
         def chunk_of(idx):
             return idx % NCH
-
 
     # (base, block stride, token stride, chunk stride) of a thread's chunk
     k_strides = row_strides(k_flat, 1)
