@@ -10,7 +10,7 @@ from .cache import kernel_scales
 from .interop import LikeInput, Results, overlaps, plan_buffer
 from .kernels import prefill_tc
 from .kernels.prefill_wgmma import wgmma_shared_bytes
-from .kernels.prefill_wgmma_ws import ws_shared_bytes
+from .kernels.prefill_wgmma_ws import STAGES as WS_STAGES, ws_shared_bytes
 from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
 from ._prefill_plan import (  # noqa: F401  (prefill.plan_tiles etc., as before)
@@ -242,8 +242,7 @@ class PrefillPlan:
                 raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
                                  f"this one has compute capability {cc}.")
         if producer:
-            need = ws_shared_bytes(self.cache.head_size, nw, bn,
-                                   *(() if stages is None else (stages,)))
+            need = ws_shared_bytes(self.cache.head_size, nw, bn, stages or WS_STAGES)
         elif wgmma:
             need = wgmma_shared_bytes(self.cache.head_size, nw, bn)
         else:

@@ -114,14 +114,14 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                              f"fma_softmax={fma_softmax}, token_copies={token_copies}, "
                              f"m_tiles={m_tiles}")
         if producer:
-            from .prefill_wgmma_ws import prefill_wgmma_ws_kernel
+            from .prefill_wgmma_ws import STAGES as WS_STAGES, prefill_wgmma_ws_kernel
             if max_registers is not None:
                 raise ValueError(f"the producer kernel sets its own registers, but got "
                                  f"max_registers={max_registers}")
-            extra = {} if stages is None else dict(stages=stages)
             return prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n,
                                            dtype, layout, num_warps, fast_exp2=fast_exp2,
-                                           split_k=split_k, swizzle=swizzle, **extra)
+                                           split_k=split_k, swizzle=swizzle,
+                                           stages=WS_STAGES if stages is None else stages)
         if stages is not None:
             raise ValueError(f"stages applies to the producer kernel, but got stages={stages} "
                              f"without producer=True")

@@ -43,7 +43,7 @@ LN2 = 0.6931471805599453
 @functools.cache
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
-               token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES):
+               token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -52,7 +52,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     chunks; ``core_matrices="swizzle"`` in ``wgmma``'s swizzled layout (8-row
     atoms of ``min(128, 2 D)``-byte rows, a row group's atoms side by side,
     whole rows copied in turn); ``stages`` is the number of K/V tiles in the
-    ring.
+    ring; ``copy_threads`` the threads that run :func:`issue_tile` (default:
+    all ``32 * num_warps``).
     """
     D = head_size
     BLOCK_SIZE = block_size
@@ -70,7 +71,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     NTILE_O = D // 8                      # n-tiles of O
     PV_STEPS = BN // 16                   # k-steps of O += P V
     CHUNKS = BN * NCH                     # 16-byte chunks of a K (or V) tile
-    CPT = -(-CHUNKS // NT)                # ... that each thread copies
+    CT = NT if copy_threads is None else int(copy_threads)   # threads that copy K/V
+    CPT = -(-CHUNKS // CT)                # ... chunks that each of them copies
     QCHUNKS = M * NCH
     QCPT = -(-QCHUNKS // NT)
     QREGS = (D <= 128) if q_in_regs is None else bool(q_in_regs)
@@ -89,13 +91,13 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     DYNAMIC_BYTES = 2 * TOTAL
     assert DYNAMIC_BYTES <= MAX_SHARED_BYTES, "tile too large for shared memory"
     STAGE_V = layout != "vllm"
-    # each thread copies chunk tid % NCH of rows tid // NCH + u NT / NCH, all at
+    # each thread copies chunk tid % NCH of rows tid // NCH + u CT / NCH, all at
     # the same swizzle, so its slots differ by constants
-    FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % (SWZ + 1) == 0
+    FIXED_CHUNK = CT % NCH == 0 and (CT // NCH) % (SWZ + 1) == 0
     if CORE:    # chunk order = slot order (8 rows of one chunk, then the next chunk)
-        FIXED_CHUNK = NT % (8 * NCH) == 0
+        FIXED_CHUNK = CT % (8 * NCH) == 0
     if SWIZZLED:   # a thread's rows 8 apart: the same atom row, the same XOR
-        FIXED_CHUNK = NT % NCH == 0 and (NT // NCH) % 8 == 0
+        FIXED_CHUNK = CT % NCH == 0 and (CT // NCH) % 8 == 0
     # token_copies: TPT threads a token (or TOKS tokens a thread), CPTOK chunks each
     TPT = max(1, NT // BN)
     TOKS = max(1, BN // NT)
@@ -195,16 +197,16 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         kbase = KV_OFF + 2 * stage * BN * D
         vbase = kbase + BN * D
         for u in range(CPT):
-            idx = tid + u * NT
-            if CHUNKS % NT == 0 or idx < CHUNKS:
-                n = row_of(tid) + u * (NT // NCH) if FIXED_CHUNK else row_of(idx)
+            idx = tid + u * CT
+            if CHUNKS % CT == 0 or idx < CHUNKS:
+                n = row_of(tid) + u * (CT // NCH) if FIXED_CHUNK else row_of(idx)
                 ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
                 t = int32(min(max(kt + n, lo), last))
                 b = int32(uint32(t) // uint32(BLOCK_SIZE))
                 blk = block_tables[seq, b]
                 off = int32(t - b * BLOCK_SIZE)
                 if FIXED_CHUNK:       # the same chunk and row % 8 for every u
-                    dk = kbase + tid_slot + u * NT * 8
+                    dk = kbase + tid_slot + u * CT * 8
                     dv = dk + BN * D
                     copy16_async(sm, dk, key_cache, wide(blk, kstr[1]) + (kstr[0] + off * kstr[2]))
                 else:

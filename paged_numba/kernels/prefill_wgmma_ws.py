@@ -27,7 +27,7 @@ from numba import config, cuda, float32, int32, uint32
 
 from . import wgmma as wg
 from .access import device_function
-from .async_copy import commit_group, copy16_async, wait_group
+from .async_copy import commit_group, wait_group
 from .decode import LOG2E
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import supports
@@ -73,15 +73,17 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         raise ValueError(f"the producer kernel takes 3 to 7 stages, but got stages={stages}")
     STAGES = int(stages)
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES)
+                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
+                   copy_threads=PRODUCER_THREADS)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
                          f"layout")
     W = product_parts(P)
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
-    KV_OFF, KV_HEAD_AXIS, SMEM_T, BLOCK_SIZE = P.KV_OFF, P.KV_HEAD_AXIS, P.SMEM_T, P.BLOCK_SIZE
-    slot, row_of, chunk_of, k_flat, v_flat = P.slot, P.row_of, P.chunk_of, P.k_flat, P.v_flat
+    KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
+    slot, row_of, chunk_of, issue_tile = P.slot, P.row_of, P.chunk_of, P.issue_tile
+    k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_queries, P.tile_range, P.init_rows
     store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
@@ -93,28 +95,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     grow = wg.setmaxnreg(True, CONSUMER_REGS)
     HPB = P.HPB
     FULL, EMPTY = 1, 1 + STAGES           # named barrier ids (0 is __syncthreads)
-    CHUNKS = P.CHUNKS
-    CPT = -(-CHUNKS // PRODUCER_THREADS)  # 16-byte chunks of K (and of V) a producer thread
-
-    @device_function
-    def produce(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage, tid):
-        """Start copying keys and values ``kt ..`` (clamped into ``[lo, last]``)
-        into ``stage``, as one group of this thread's copies."""
-        kbase = KV_OFF + 2 * stage * BN * D
-        for u in range(CPT):
-            idx = tid + u * PRODUCER_THREADS
-            if CHUNKS % PRODUCER_THREADS == 0 or idx < CHUNKS:
-                n = row_of(idx)
-                ch = chunk_of(idx)
-                t = int32(min(max(kt + n, lo), last))
-                b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                blk = block_tables[seq, b]
-                off = int32(t - b * BLOCK_SIZE)
-                copy16_async(sm, slot(kbase, n, ch), key_cache,
-                             k_flat(key_cache, blk, kvh, off, ch))
-                copy16_async(sm, slot(kbase + BN * D, n, ch), value_cache,
-                             v_flat(value_cache, blk, kvh, off, ch))
-        commit_group()
 
     @device_function
     def acquire(j, ntiles, a):
@@ -157,11 +137,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:
                 shrink()
+            kstr = k_strides(key_cache, kvh, chunk_of(tid))
+            vstr = v_strides(value_cache, kvh, chunk_of(tid))
+            tid_slot = slot(0, row_of(tid), chunk_of(tid))
             for j in range(ntiles):
                 if j >= STAGES:         # the consumers are done with tile j - STAGES
                     bar_sync(EMPTY + j % STAGES)
-                produce(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first + j * BN,
-                        kv_lo, last, j % STAGES, tid)
+                issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first + j * BN,
+                           kv_lo, last, j % STAGES, tid, kstr, vstr, tid_slot)
                 if j >= 1:
                     wait_older()
                     publish(j - 1)
