@@ -55,6 +55,12 @@ way, so that nothing reads an accumulator before its product has landed
 branch that the compiler must not merge). Note that ptxas orders a wait only
 after what it depends on: it hoists a wait above independent arithmetic.
 
+**Warp specialisation.** ``bar_sync(count)`` / ``bar_arrive(count)`` give
+named barriers (``bar.sync`` / ``bar.arrive`` on a runtime barrier id, ``count``
+threads) and ``setmaxnreg(increase, count)`` moves registers between
+warpgroups (``setmaxnreg.inc/dec``); under the simulator the barriers are
+``paged_numba._simulator.named_barrier`` and ``setmaxnreg`` does nothing.
+
 Under the simulator the products are computed at once, per thread, in
 float64 from the shared array (rounded to float32), the A fragments of the
 register form exchanged in the warp-operation rendezvous of
