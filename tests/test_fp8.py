@@ -69,8 +69,8 @@ def _loader(fmt):
 def _query_conversions(bits, halves, out_bits, out_halves, got):
     got[0] = K.to_f32_any(bits[1])
     got[1] = K.to_f32_any(halves[0])
-    got[2] = K.store_as(float32(1.0 + 2.0 ** -9), out_bits)
-    got[3] = K.store_as(float32(0.1), out_halves)
+    out_bits[0] = K.store_as(float32(1.0 + 2.0 ** -9), out_bits)
+    out_halves[0] = K.store_as(float32(0.1), out_halves)
 
 
 def _all_fp16():
@@ -151,13 +151,13 @@ def test_query_conversions_follow_the_array_type():
     x = np.array([1.5, -2.25], BF16).view(np.uint16)
     got = np.zeros(4, np.float64)
     d_got = cuda.to_device(got)
+    out_bits, out_halves = cuda.to_device(np.zeros(1, np.uint16)), cuda.to_device(np.zeros(1, np.float16))
     _query_conversions[1, 1](cuda.to_device(x), cuda.to_device(np.array([0.5], np.float16)),
-                             cuda.to_device(np.zeros(1, np.uint16)),
-                             cuda.to_device(np.zeros(1, np.float16)), d_got)
+                             out_bits, out_halves, d_got)
     got = d_got.copy_to_host()
     assert got[0] == -2.25 and got[1] == 0.5
-    assert got[2] == 0x3F80                                 # 1 + 2**-9 to bf16: nearest even
-    assert got[3] == np.float64(np.float32(0.1))          # an fp16 array: the value as it is
+    assert out_bits.copy_to_host()[0] == 0x3F80                 # 1 + 2**-9 to bf16: nearest even
+    assert out_halves.copy_to_host()[0] == np.float16(0.1)      # an fp16 array: rounded by the store
 
 
 # -- the cache and its scales -----------------------------------------------------

@@ -239,34 +239,39 @@ def test_hf_paged_attention_writes_the_engines_cache_in_place():
         layer_index_to_group_indices, sliding_windows = {0: (0, 0)}, {0: 1}
 
     g = torch.Generator().manual_seed(3)
+    dev = "cpu" if SIM else "cuda"          # the backend takes the engine's device tensors
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g).to(dev)
+
     engine = EngineCache()
-    engine.key_cache = [torch.randn(((nb + 2) * bs, hkv, d), generator=g)]
-    engine.value_cache = [torch.randn(((nb + 2) * bs, hkv, d), generator=g)]
+    engine.key_cache = [randn((nb + 2) * bs, hkv, d)]
+    engine.value_cache = [randn((nb + 2) * bs, hkv, d)]
     before = engine.key_cache[0].clone(), engine.value_cache[0].clone()
-    q = torch.randn((1, h, 3, d), generator=g)
-    k, v = (torch.randn((1, hkv, 3, d), generator=g) for _ in "kv")
+    q = randn(1, h, 3, d)
+    k, v = randn(1, hkv, 3, d), randn(1, hkv, 3, d)
     write = [11, 0, 12]
     out, weights = hf_paged_attention(
         SimpleNamespace(layer_idx=0), q, k, v, None, scaling=scale, cache=engine,
-        cu_seq_lens_q=torch.tensor([0, 2, 3], dtype=torch.int32),
-        cu_seq_lens_k=torch.tensor([0, 5, 10], dtype=torch.int32),
-        read_index=[torch.tensor([8, 9, 10, 11, 0, 4, 5, 6, 7, 12])],
-        write_index=[torch.tensor(write)])
+        cu_seq_lens_q=torch.tensor([0, 2, 3], dtype=torch.int32, device=dev),
+        cu_seq_lens_k=torch.tensor([0, 5, 10], dtype=torch.int32, device=dev),
+        read_index=[torch.tensor([8, 9, 10, 11, 0, 4, 5, 6, 7, 12], device=dev)],
+        write_index=[torch.tensor(write, device=dev)])
     assert weights is None and out.shape == (3, h, d)
-    others = torch.ones((nb + 2) * bs, dtype=torch.bool)
+    others = torch.ones((nb + 2) * bs, dtype=torch.bool, device=dev)
     others[write] = False
     for pool, new, old in zip((engine.key_cache[0], engine.value_cache[0]), (k, v), before):
         assert torch.equal(pool[write], new[0].transpose(0, 1))
         assert torch.equal(pool[others], old[others])
-    kpool, vpool = (p.view(nb + 2, bs, hkv, d).numpy() for p in (engine.key_cache[0],
+    kpool, vpool = (p.view(nb + 2, bs, hkv, d).cpu().numpy() for p in (engine.key_cache[0],
                                                                  engine.value_cache[0]))
     tables, lens, cu = [[2, 0], [1, 3]], [5, 5], [0, 2, 3]
-    qs = q[0].transpose(0, 1).numpy()
+    qs = q[0].transpose(0, 1).cpu().numpy()
     ref, _ = paged_prefill_reference(qs, kpool, vpool, tables, cu, lens, scale=scale)
     for i, positions in enumerate(([3, 4], [4])):
         keys, values = gather_kv(kpool, vpool, tables[i], lens[i])
         bound, _ = prefill_error_bound(qs[cu[i]:cu[i + 1]], keys, values, scale, positions)
-        check_close(out[cu[i]:cu[i + 1]].numpy(), ref[cu[i]:cu[i + 1]], bound)
+        check_close(out[cu[i]:cu[i + 1]].cpu().numpy(), ref[cu[i]:cu[i + 1]], bound)
 
 
 def test_tables_from_hf_indices_without_cached_keys():

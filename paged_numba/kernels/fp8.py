@@ -40,11 +40,23 @@ values), so one kernel of an fp8 cache takes queries of any of the three.
 
 Examples
 --------
+Device functions run in a kernel (here one thread per value):
+
+>>> from numba import cuda
 >>> enc, dec = encoder("float8_e4m3fn"), decoder("float8_e4m3fn")
->>> [hex(enc(float32(v))) for v in (1.0, -0.3, 448.0, 1e9, 2.0 ** -10)]  # 2**-10: a tie, to 0
-['0x38', '0xaa', '0x7e', '0x7e', '0x0']
->>> [float(dec(c)) for c in (0x38, 0xAA, 0x01, 0x7E)]                  # 0x01 = 2**-9
-[1.0, -0.3125, 0.001953125, 448.0]
+>>> @cuda.jit
+... def round_trip(x, codes, back):
+...     i = cuda.grid(1)
+...     if i < x.size:
+...         codes[i] = enc(x[i])
+...         back[i] = dec(codes[i])
+>>> x = np.array([1.0, -0.3, 448.0, 1e9, 2.0 ** -10, 2.0 ** -9], np.float32)
+>>> codes, back = cuda.device_array(6, np.uint8), cuda.device_array(6, np.float32)
+>>> round_trip[1, 32](cuda.to_device(x), codes, back)
+>>> [hex(c) for c in codes.copy_to_host()]  # 1e9 saturates; 2**-10 is a tie, to 0
+['0x38', '0xaa', '0x7e', '0x7e', '0x0', '0x1']
+>>> back.copy_to_host().tolist()
+[1.0, -0.3125, 448.0, 448.0, 0.0, 0.001953125]
 """
 import functools
 
@@ -233,9 +245,22 @@ def decoder(fmt):
 
 @functools.cache
 def decode_table(fmt):
-    """float32 ``[256]``: ``decoder(fmt)`` of every code (the simulator's lookup table)."""
+    """float32 ``[256]``: ``decoder(fmt)`` of every code (the simulator's lookup
+    table; on a GPU the decoder runs in a kernel)."""
     dec = decoder(fmt)
-    return np.array([dec(c) for c in range(256)], np.float32)
+    if config.ENABLE_CUDASIM:
+        return np.array([dec(c) for c in range(256)], np.float32)
+    from numba import cuda
+
+    @cuda.jit
+    def every_code(out):
+        c = cuda.grid(1)
+        if c < 256:
+            out[c] = dec(c)
+
+    out = cuda.device_array(256, np.float32)
+    every_code[1, 256](out)
+    return out.copy_to_host()
 
 
 @functools.cache
