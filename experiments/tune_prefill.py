@@ -12,7 +12,7 @@ or kept in registers), ``-r<N>`` (at most N registers a thread), ``-fx``
 products, sm_90a, warps a multiple of 4), ``-ws`` (with ``-wg``: a
 producer warpgroup does the copies, ``w<N>`` counts the other warps), ``-sw``
 (with ``-wg``: the swizzled tile layout), ``-s<N>`` (with ``-ws``: N ring
-stages), ``-h<N>`` (N query heads a tile,
+stages), ``-pp`` (with ``-ws``, 8 warps: the consumer warpgroups take turns), ``-h<N>`` (N query heads a tile,
 up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
 decode), ``-p<N>`` (split-K in N parts); ``default`` (the plan's default
 tiling and options) or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
@@ -102,7 +102,8 @@ def sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, block_size):
 OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "fx": ("fast_exp2", True), "fma": ("fma_softmax", True), "tok": ("token_copies", True),
            "mt2": ("m_tiles", 2), "wg": ("wgmma", True),
-           "ws": ("producer", True), "sw": ("swizzle", True)}
+           "ws": ("producer", True), "sw": ("swizzle", True),
+           "pp": ("pingpong", True)}
 
 
 def variant_plan(name, cache, cu, lens, num_heads):

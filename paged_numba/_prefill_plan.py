@@ -93,7 +93,7 @@ def _knob(name, value, default, hi=None):
 _OPTION_CHECKS = {
     "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
     "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
-    "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag,
+    "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
     "stages": lambda name, v: None if v is None else C.integer(name, v, lo=3, hi=7),
     "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
 }

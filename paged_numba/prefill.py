@@ -56,15 +56,18 @@ class PrefillPlan:
         Keyword arguments of the tensor-core kernel's factory
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
-        ``m_tiles``, ``wgmma``, ``producer``), for studying its variants; they
+        ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
+        ``pingpong``), for studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
         (:mod:`paged_numba.kernels.prefill_wgmma`; sm_90 GPUs and the
         simulator; ``num_warps`` a multiple of 4, default 8 on a GPU);
         ``producer=True`` with it adds a warpgroup that does all the copies
         (:mod:`paged_numba.kernels.prefill_wgmma_ws`; ``num_warps`` 4 or 8
-        counts the others; ``stages`` its ring, 3 to 7, default 4), and
-        ``swizzle=True`` lays the tiles out in the swizzled layout.
+        counts the others; ``stages`` its ring, 3 to 7, default 4;
+        ``pingpong=True``: two consumer warpgroups take turns at the tensor
+        cores, at most 4 stages), and ``swizzle=True`` lays the tiles out in
+        the swizzled layout.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

@@ -188,13 +188,16 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     (WS_LONG, True, WS_TWO, {}), (WS_LONG, False, WS_ONE, {}),
     (LONG_F16, True, dict(WS_ONE, num_parts=2),
      dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
-    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)), {})],
-    ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages"])
+    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)), {}),
+    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
+                                                     swizzle=True)), {})],
+    ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
+         "pingpong"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
-    ring stages (the empty/full barriers), two consumer warpgroups, the
-    variants with split-K."""
+    ring stages (the empty/full barriers), two consumer warpgroups (also
+    taking turns), the variants with split-K."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -225,8 +228,16 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        stages=2)))
-    with pytest.raises(ValueError, match="stages applies to the producer kernel"):
+    with pytest.raises(ValueError, match="stages and pingpong apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
+    with pytest.raises(ValueError, match="stages and pingpong apply to the producer kernel"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, pingpong=True)))
+    with pytest.raises(ValueError, match="pingpong needs two consumer warpgroups"):
+        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
+                                                                       pingpong=True)))
+    with pytest.raises(ValueError, match="pingpong needs .* at most 4 stages"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], pingpong=True, stages=5)))
 
 
 @pytest.mark.parametrize("p, parts, extra", [

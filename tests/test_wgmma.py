@@ -116,13 +116,14 @@ def product_kernel(dtype, n, trans_b, a_regs, steps, swizzle=0, koff=0):
                 acc[j, e] = 0.0
         pin(acc)
         W.fence()
-        for s in range(steps):
+        a0, b0 = W.matrix_start(sm, A_AT), W.matrix_start(sm, B_OFF + B_AT)
+        for s in range(steps):          # step s: the starts moved on by whole images
             if a_regs:
                 base = (s * 128 + tid) * 4
                 rs(acc, a_rows[base], a_rows[base + 1], a_rows[base + 2], a_rows[base + 3],
-                   sm, B_OFF + s * B_SIZE + B_AT, s > 0)
+                   b0 + s * (B_SIZE // 8), s > 0)
             else:
-                ss(acc, sm, s * A_SIZE + A_AT, sm, B_OFF + s * B_SIZE + B_AT, s > 0)
+                ss(acc, a0 + s * (A_SIZE // 8), b0 + s * (B_SIZE // 8), s > 0)
         W.commit()
         wait(acc)
         for j in range(NJ):

@@ -62,7 +62,7 @@ from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here t
 def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                       num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
                       fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
-                      wgmma=False, producer=False, swizzle=False, stages=None):
+                      wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -102,7 +102,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     (:func:`kernels.prefill_wgmma_ws.prefill_wgmma_ws_kernel`: ``num_warps``
     counts the other warps, the launch takes ``block_threads`` threads);
     ``swizzle=True`` (with ``wgmma``) the swizzled tile layout; ``stages``
-    (with ``producer``) the K/V tiles in its ring."""
+    (with ``producer``) the K/V tiles in its ring; ``pingpong=True`` (with
+    ``producer``) the consumer warpgroups taking turns at the tensor cores."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -121,15 +122,16 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             return prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n,
                                            dtype, layout, num_warps, fast_exp2=fast_exp2,
                                            split_k=split_k, swizzle=swizzle,
-                                           stages=WS_STAGES if stages is None else stages)
-        if stages is not None:
-            raise ValueError(f"stages applies to the producer kernel, but got stages={stages} "
-                             f"without producer=True")
+                                           stages=WS_STAGES if stages is None else stages,
+                                           pingpong=pingpong)
+        if stages is not None or pingpong:
+            raise ValueError(f"stages and pingpong apply to the producer kernel, but got "
+                             f"stages={stages}, pingpong={pingpong} without producer=True")
         return prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                                     layout, num_warps, max_registers=max_registers,
                                     fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle)
-    if producer or swizzle or stages is not None:
-        raise ValueError("producer=True, swizzle=True and stages need wgmma=True")
+    if producer or swizzle or stages is not None or pingpong:
+        raise ValueError("producer=True, swizzle=True, stages and pingpong need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS

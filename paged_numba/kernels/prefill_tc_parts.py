@@ -227,21 +227,30 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     @device_function
     def row_max(s, m, t, h):
         """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
-        logits (over the quad of lanes that share the row)."""
-        mx = NEG_INF
-        for i in range(NTILE_S):
-            mx = max(mx, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
-        return max(m[t, h], quad_max(mx))
+        logits (over the quad of lanes that share the row); the lane's pairs
+        go round-robin into two independent maxima (half the dependent steps)."""
+        a = NEG_INF
+        b = NEG_INF
+        for i in range(0, NTILE_S, 2):
+            a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+            b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
+        return max(m[t, h], quad_max(max(a, b)))
 
     @device_function
     def exp_weights(s, l_, sc, use, t, h):
         """Logits -> weights ``exp2(x sc - use sc)`` in place, one FFMA and one
-        exp2 each, summed into the lane's share of the row sum."""
+        exp2 each, summed (two partial sums) into the lane's share of the row sum."""
         sub = -use * sc
+        a = float32(0.0)                  # two independent partial sums
+        b = float32(0.0)
         for i in range(NTILE_S):
             s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
             s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
-            l_[t, h] += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            if i % 2 == 0:
+                a += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            else:
+                b += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+        l_[t, h] += a + b
 
     @cuda_function
     def softmax_half(s, o, m, l_, sc, t, h):

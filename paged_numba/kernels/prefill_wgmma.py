@@ -76,37 +76,47 @@ def product_parts(P):
     pin_p = wg.pin(4 * PV_STEPS)
     fence, commit = wg.fence, wg.commit
 
-    @device_function
-    def k_offset(kk):
-        """Elements from a K-major operand's start to its k-step ``kk`` (16 columns):
-        two core matrices on, or 32 bytes into the atom row (the next atom after
-        SPAN bytes)."""
-        if SPAN:
-            return (32 * kk // SPAN) * (4 * SPAN) + (32 * kk % SPAN) // 2
-        return 128 * kk
+    # operand starts move in 16-byte units (8 elements): a stage of K and V tiles
+    STAGE_UNITS, V_UNITS = 2 * BN * D // 8, BN * D // 8
 
     @device_function
-    def issue_s(s, sm, qbase, stage):
+    def k_units(kk):
+        """16-byte units from a K-major operand's start to its k-step ``kk`` (16
+        columns): two core matrices on, or 32 bytes into the atom row (the next
+        atom after SPAN bytes)."""
+        if SPAN:
+            return (32 * kk // SPAN) * (SPAN // 2) + (32 * kk % SPAN) // 16
+        return 16 * kk
+
+    @device_function
+    def starts(sm, qbase):
+        """The ``wgmma`` starts of this warpgroup's queries (at flat ``qbase``)
+        and of the K/V ring, computed once: each product adds a constant."""
+        return wg.matrix_start(sm, qbase), wg.matrix_start(sm, KV_OFF)
+
+    @device_function
+    def issue_s(s, qs, kvs, stage):
         """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
-        kbase = KV_OFF + 2 * stage * BN * D
+        ks = kvs + stage * STAGE_UNITS
         for kk in range(KSTEPS):
-            mma_s(s, sm, qbase + k_offset(kk), sm, kbase + k_offset(kk), kk > 0)
+            mma_s(s, qs + k_units(kk), ks + k_units(kk), kk > 0)
         commit()
 
     @device_function
-    def issue_pv(o, pa, sm, stage):
+    def issue_pv(o, pa, kvs, stage):
         """Issue ``O += P V`` on the values of ``stage`` (BN / 16 products, one group)."""
-        vbase = KV_OFF + (2 * stage + 1) * BN * D
-        for ks in range(PV_STEPS):                 # keys 16 ks .. 16 ks + 15
-            mma_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], sm, vbase + ks * 16 * D, True)
+        vs = kvs + stage * STAGE_UNITS + V_UNITS
+        for ks in range(PV_STEPS):                 # keys 16 ks .. 16 ks + 15: 16 D bytes on
+            mma_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], vs + ks * 2 * D, True)
         commit()
 
     @device_function
     def tile_weights(s, m, l_, alpha, pos, slope, kt, c, pos0, nq, kv_hi, causal, window,
-                     qscale, soft_cap, cap2, alibi, sc):
-        """Logits, mask and softmax weights of the tile at keys ``kt ..`` (O untouched)."""
+                     qscale, soft_cap, cap2, alibi, sc, plain):
+        """Logits, mask and softmax weights of the tile at keys ``kt ..`` (O
+        untouched); ``plain``: the scale is left to the exponent's FFMA (``sc``)."""
         logits(s, pos, slope, kt, c, pos0, nq, kv_hi, causal, window, qscale, soft_cap, cap2,
-               alibi, False)
+               alibi, plain)
         weights_half(s, m, l_, alpha, sc, 0, 0)
         weights_half(s, m, l_, alpha, sc, 0, 1)
 
@@ -122,13 +132,25 @@ def product_parts(P):
     return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
 
 
-def key_loop(P, W, stages, acquire, release):
+@device_function
+def _no_turn(a):
+    """No turns: the warpgroups issue their products when they are ready."""
+
+
+@device_function
+def _no_pass(last, a):
+    """No turns to pass on."""
+
+
+def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_pass):
     """The software-pipelined loop over a tile's key tiles, shared by both
     warpgroup kernels: prologue ``S_0``; steady state ``j``: ``S_j`` with
     ``P_{j-1} V_{j-1}`` in flight; epilogue ``P_{n-1} V_{n-1}`` (no branch
     between a product's issue and its wait). ``acquire(j, ntiles, a)`` makes
     tile ``j``'s stage (of ``stages``) readable, ``release(j, ntiles, a)`` hands
-    it back once its products are done; ``a`` is the kernel's tuple for them."""
+    it back once its products are done; ``a`` is the kernel's tuple for them.
+    ``take_turn(a)`` and ``pass_turn(last, a)`` bracket each issue of products
+    (``last``: the loop's final one), for warpgroups that take turns."""
     BN, rescale_half = P.BN, P.rescale_half
     pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
         W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
@@ -136,31 +158,38 @@ def key_loop(P, W, stages, acquire, release):
         W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
 
     @cuda_function
-    def run(sm, qbase, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-            ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, a):
+    def run(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+            ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
         if ntiles > 0:
             acquire(0, ntiles, a)
             pin_s(s)
+            take_turn(a)
             fence()
-            issue_s(s, sm, qbase, 0)
+            issue_s(s, qs, kvs, 0)
+            pass_turn(False, a)
             wait_s_alone(s)
             tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
-                         window, qscale, soft_cap, cap2, alibi, sc)
+                         window, qscale, soft_cap, cap2, alibi, sc, plain)
             pack_p(pa, s)
+        cur = int32(0)                  # tile j's stage (j % stages, counted)
         for j in range(1, ntiles):
+            prev = cur
+            cur = cur + 1 if cur + 1 < stages else int32(0)
             acquire(j, ntiles, a)
             pin_s(s)
+            take_turn(a)
             fence()
-            issue_s(s, sm, qbase, j % stages)
+            issue_s(s, qs, kvs, cur)
             rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
             rescale_half(o, alpha, 0, 1)
             pin_p(pa)
             pin_o(o)
             fence()
-            issue_pv(o, pa, sm, (j - 1) % stages)
+            issue_pv(o, pa, kvs, prev)
+            pass_turn(False, a)
             wait_s(s)                   # S_j landed; P V may still run
             tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
-                         causal, window, qscale, soft_cap, cap2, alibi, sc)
+                         causal, window, qscale, soft_cap, cap2, alibi, sc, plain)
             # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
             # plain wait above the softmax (nothing ties them), serialising it
             # with P V; a branch on the row sums (always taken: a sum is >= 0 or
@@ -176,8 +205,10 @@ def key_loop(P, W, stages, acquire, release):
             rescale_half(o, alpha, 0, 1)
             pin_p(pa)
             pin_o(o)
+            take_turn(a)
             fence()
-            issue_pv(o, pa, sm, (ntiles - 1) % stages)
+            issue_pv(o, pa, kvs, cur)
+            pass_turn(True, a)
             wait_o(o)
 
     return run
@@ -213,6 +244,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     tile_range, init_rows = P.tile_range, P.init_rows
     store_half = P.store_half
     W = product_parts(P)
+    starts = W.starts
     fence_proxy = wg.fence_proxy_async
 
     @device_function
@@ -257,7 +289,8 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         kstr = k_strides(key_cache, kvh, chunk_of(tid))
         vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, chunk_of(tid))
         tid_slot = slot(0, row_of(tid), chunk_of(tid))
-        qbase = Q_OFF + (warp >> 2) * 64 * D       # this warpgroup's 64 query rows
+        # this warpgroup's 64 query rows (the index through a shuffle: uniform to ptxas)
+        qs, kvs = starts(sm, Q_OFF + cuda.shfl_sync(FULL_MASK, warp >> 2, 0) * 64 * D)
 
         load_queries(sm, query, tid, row0, q0, nq, h0, num_heads)
         if ntiles > 0:
@@ -275,7 +308,9 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         cap2 = soft_cap * float32(LOG2E)
         any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
         alibi = cuda.any_sync(FULL_MASK, any_slope)
-        sc = float32(1.0)
+        # without soft cap or ALiBi the scale goes into the exponent's FFMA
+        plain = soft_cap <= 0.0 and not alibi and qscale > 0.0
+        sc = qscale if plain else float32(1.0)
         s = cuda.local.array((1, NTILE_S, 4), float32)
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
@@ -285,8 +320,8 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
 
         tiles = (sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
                  tid, kstr, vstr, tid_slot)
-        run_keys(sm, qbase, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, tiles)
+        run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, tiles)
 
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)

@@ -19,7 +19,13 @@ the keys and values:
   arrives once the stage's copies landed, the consumers wait) and *empty* (the
   consumers arrive once the products reading it are done, the producer waits
   before overwriting it). The producer runs up to ``stages - 2`` tiles ahead
-  of the tile whose scores the consumers compute.
+  of the tile whose scores the consumers compute;
+* with ``pingpong`` the two consumer warpgroups take turns at the tensor
+  cores: each issues its products only after the other has issued its own
+  (a pair of named barriers, one a warpgroup, that one waits at and the other
+  arrives at), so one warpgroup's softmax runs while the other's products
+  do. Each warpgroup then has its own full barriers (the two pass them at
+  different times), so the ring has at most 4 stages (16 named barriers).
 """
 import functools
 
@@ -51,14 +57,16 @@ def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES):
 @functools.cache
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
-                            stages=STAGES):
+                            stages=STAGES, pingpong=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
     registers move from producer to consumers with two) and one producer
     warpgroup, ``32 * num_warps + 128`` threads (``block_threads``, set on the
     kernel) and ``dynamic_shared_bytes`` of dynamic shared memory; ``swizzle``
-    as for the wgmma kernel; ``stages`` (3 to 7) K/V tiles in the ring."""
+    as for the wgmma kernel; ``stages`` (3 to 7) K/V tiles in the ring;
+    ``pingpong`` (8 consumer warps, at most 4 stages) the two consumer
+    warpgroups taking turns at the tensor cores."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -71,6 +79,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     # 7 at most: two named barriers a stage, 15 besides __syncthreads'
     if not 3 <= stages <= 7:
         raise ValueError(f"the producer kernel takes 3 to 7 stages, but got stages={stages}")
+    if pingpong and (num_warps != 8 or stages > 4):
+        raise ValueError(f"pingpong needs two consumer warpgroups (num_warps=8) and at most 4 "
+                         f"stages, but got num_warps={num_warps}, stages={stages}")
     STAGES = int(stages)
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
@@ -80,6 +91,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
                          f"layout")
     W = product_parts(P)
+    starts = W.starts
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
     slot, row_of, chunk_of, issue_tile = P.slot, P.row_of, P.chunk_of, P.issue_tile
@@ -94,12 +106,20 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     shrink = wg.setmaxnreg(False, PRODUCER_REGS)
     grow = wg.setmaxnreg(True, CONSUMER_REGS)
     HPB = P.HPB
-    FULL, EMPTY = 1, 1 + STAGES           # named barrier ids (0 is __syncthreads)
+    PINGPONG = bool(pingpong)
+    # named barrier ids (0 is __syncthreads): full (with pingpong one set a
+    # consumer warpgroup), empty, then the two turns
+    FULL_SETS = 2 if PINGPONG else 1
+    FULL, EMPTY = 1, 1 + FULL_SETS * STAGES
+    TURN = EMPTY + STAGES
+    FULL_COUNT = 256 if PINGPONG else NTHREADS    # the producer and who waits
+    full_sync, full_arrive = wg.bar_sync(FULL_COUNT), wg.bar_arrive(FULL_COUNT)
+    turn_sync, turn_arrive = wg.bar_sync(256), wg.bar_arrive(256)
 
     @device_function
     def acquire(j, ntiles, a):
-        """Wait until the producer has published tile ``j``."""
-        bar_sync(FULL + j % STAGES)
+        """Wait until the producer has published tile ``j`` (to this warpgroup)."""
+        full_sync(FULL + (a[0] * STAGES if PINGPONG else 0) + j % STAGES)
 
     @device_function
     def release(j, ntiles, a):
@@ -108,14 +128,29 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         if j + STAGES < ntiles:
             bar_arrive(EMPTY + j % STAGES)
 
-    run_keys = key_loop(P, W, STAGES, acquire, release)
+    @device_function
+    def take_turn(a):
+        """Wait until the other warpgroup has issued its products."""
+        if PINGPONG:
+            turn_sync(TURN + a[0])
+
+    @device_function
+    def pass_turn(last, a):
+        """This warpgroup's products are issued: the other's turn (warpgroup 1's
+        last products have no turn after them: every wait is matched)."""
+        if PINGPONG and not (last and a[0] == 1):
+            turn_arrive(TURN + 1 - a[0])
+
+    run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn)
 
     @device_function
     def publish(j):
         """Tile ``j``'s copies by this thread landed (all but the newest group):
-        visible to the tensor cores, then arrive at the stage's full barrier."""
+        visible to the tensor cores, then arrive at the stage's full barrier(s)."""
         fence_proxy()
-        bar_arrive(FULL + j % STAGES)
+        full_arrive(FULL + j % STAGES)
+        if PINGPONG:
+            full_arrive(FULL + STAGES + j % STAGES)
 
     jit = cuda.jit if config.ENABLE_CUDASIM else functools.partial(
         cuda.jit, launch_bounds=(NTHREADS, 1))
@@ -160,7 +195,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         warp = int32(ct // 32)
         r = int32(lane // 4)
         c = int32(lane % 4)
-        qbase = (warp >> 2) * 64 * D              # this warpgroup's 64 query rows
+        # this warpgroup's 64 query rows (the index through a shuffle: uniform to ptxas)
+        cwg = cuda.shfl_sync(FULL_MASK, warp >> 2, 0)
+        qs, kvs = starts(sm, cwg * 64 * D)
         load_queries(sm, query, ct, row0, q0, nq, h0, num_heads)
         commit_group()
         wait_all()
@@ -175,7 +212,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         cap2 = soft_cap * float32(LOG2E)
         any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
         alibi = cuda.any_sync(FULL_MASK, any_slope)
-        sc = float32(1.0)
+        # without soft cap or ALiBi the scale goes into the exponent's FFMA
+        plain = soft_cap <= 0.0 and not alibi and qscale > 0.0
+        sc = qscale if plain else float32(1.0)
         s = cuda.local.array((1, NTILE_S, 4), float32)
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
@@ -183,8 +222,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             for e in range(4):
                 o[0, i, e] = 0.0
 
-        run_keys(sm, qbase, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, (0,))
+        if PINGPONG and cwg == 1 and ntiles > 0:
+            turn_arrive(TURN)           # warpgroup 0 issues first
+        run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, (cwg,))
 
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)

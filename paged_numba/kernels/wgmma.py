@@ -37,10 +37,13 @@ and chunk bits 4.. of every address are XORed with its bits 7.. (see
 :func:`swizzled`): K-major ``byte(x, k) = S (x % 8) + SBO (x // 8) + 2 k``
 (``k`` within one atom row; ``LBO`` unused), MN-major ``byte(k, n) = 2 (n %
 (S / 2)) + LBO (n // (S / 2)) + S (k % 8) + SBO (k // 8)``,
-each from the operand's first element, the flat index ``flat`` of a shared
-array. The instruction reads them through a 64-bit *matrix descriptor*
-(start address, ``LBO`` and ``SBO`` in 16-byte units, swizzle 0) built
-here from the array and ``flat``. Writes to those bytes by ordinary or
+each from the operand's first element. A kernel names that element by
+``matrix_start(arr, flat)`` (element ``flat`` of a shared array): the
+operand's start address in 16-byte units, to which adding ``n`` moves the
+operand ``16 n`` bytes on (an integer on a GPU, so a loop computes it once
+and adds constants). The instruction reads the operand through a 64-bit
+*matrix descriptor*: that start plus the constant ``LBO``, ``SBO`` and
+swizzle fields (:func:`descriptor_fields`). Writes to those bytes by ordinary or
 ``cp.async`` stores reach the tensor cores only after the writing thread's
 :func:`fence_proxy_async` and a barrier.
 
@@ -111,6 +114,21 @@ def swizzled(byte, swizzle):
 if config.ENABLE_CUDASIM:
     from .vector import _host_flat
 
+    class _Start:
+        """A shared operand's first element (the array and its flat index);
+        ``+ n`` moves it ``16 n`` bytes (8 two-byte elements) on."""
+
+        def __init__(self, arr, flat):
+            self.arr, self.flat = arr, int(flat)
+
+        def __add__(self, n):
+            return _Start(self.arr, self.flat + 8 * int(n))
+
+        __radd__ = __add__
+
+    def matrix_start(arr, flat):
+        return _Start(arr, flat)
+
     def _values(arr, dtype):
         a = _host_flat(arr)
         if dtype == "bfloat16":
@@ -162,27 +180,28 @@ if config.ENABLE_CUDASIM:
 
     @functools.cache
     def wgmma_ss(dtype, n, a_lbo, a_sbo, b_lbo, b_sbo, trans_b=False, swizzle=0):
-        """``mma(acc, a, a_flat, b, b_flat, accumulate)``: ``acc += A @ B`` (or
-        ``=`` where ``accumulate`` is false), ``A`` and ``B`` in shared memory."""
+        """``mma(acc, a, b, accumulate)``: ``acc += A @ B`` (or ``=`` where
+        ``accumulate`` is false), ``A`` and ``B`` in shared memory at the
+        :func:`matrix_start` ``a`` and ``b``."""
         descriptor_fields(a_lbo, a_sbo, swizzle), descriptor_fields(b_lbo, b_sbo, swizzle)
 
-        def mma(acc, a, a_flat, b, b_flat, accumulate):
+        def mma(acc, a, b, accumulate):
             tid = _thread()
             r0 = 16 * ((tid // 32) % 4) + (tid % 32) // 4
-            A = _kmajor(_values(a, dtype), a_flat, 64, 16, a_lbo, a_sbo, swizzle)
-            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b, swizzle)
+            A = _kmajor(_values(a.arr, dtype), a.flat, 64, 16, a_lbo, a_sbo, swizzle)
+            B = _b_matrix(b.arr, b.flat, dtype, n, b_lbo, b_sbo, trans_b, swizzle)
             _accumulate(acc, A[[r0, r0 + 8]], B, accumulate, n)
         return mma
 
     @functools.cache
     def wgmma_rs(dtype, n, b_lbo, b_sbo, trans_b=False, swizzle=0):
-        """``mma(acc, a0, a1, a2, a3, b, b_flat, accumulate)``: as
-        :func:`wgmma_ss` with ``A`` from the warps' registers."""
+        """``mma(acc, a0, a1, a2, a3, b, accumulate)``: as :func:`wgmma_ss`
+        with ``A`` from the warps' registers."""
         from .._simulator import _rendezvous
         from .mma import _halves
         descriptor_fields(b_lbo, b_sbo, swizzle)
 
-        def mma(acc, a0, a1, a2, a3, b, b_flat, accumulate):
+        def mma(acc, a0, a1, a2, a3, b, accumulate):
             lane, _, frags = _rendezvous(0xFFFFFFFF, "wgmma", (a0, a1, a2, a3))
             A = np.zeros((16, 16))
             for ln, a in frags.items():
@@ -192,7 +211,7 @@ if config.ENABLE_CUDASIM:
                 A[r, 2 * c + 8:2 * c + 10] = _halves(a[2], dtype)
                 A[r + 8, 2 * c + 8:2 * c + 10] = _halves(a[3], dtype)
             r = lane // 4
-            B = _b_matrix(b, b_flat, dtype, n, b_lbo, b_sbo, trans_b, swizzle)
+            B = _b_matrix(b.arr, b.flat, dtype, n, b_lbo, b_sbo, trans_b, swizzle)
             _accumulate(acc, A[[r, r + 8]], B, accumulate, n)
         return mma
 
@@ -331,18 +350,32 @@ else:
             return types.void(arr), _through(text, count)
         return wait
 
-    def _descriptor(context, builder, arr_ty, arr, flat_ty, flat, fields):
-        data = context.make_array(arr_ty)(context, builder, arr).data
-        base = _shared_address(builder, data)
-        i = builder.trunc(context.cast(builder, flat, flat_ty, types.intp), _I32)
-        addr = builder.add(base, builder.mul(i, ir.Constant(_I32, 2)))
-        start = builder.lshr(builder.and_(addr, ir.Constant(_I32, 0x3FFFF)), ir.Constant(_I32, 4))
-        return builder.or_(builder.zext(start, _I64), ir.Constant(_I64, fields))
+    @intrinsic
+    def matrix_start(typingctx, arr, flat):
+        if not (isinstance(arr, types.Array) and arr.dtype.bitwidth == 16
+                and isinstance(flat, types.Integer)):
+            return None
+        sig = types.int64(arr, flat)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            base = _shared_address(builder, data)
+            i = builder.trunc(context.cast(builder, args[1], sig.args[1], types.intp), _I32)
+            addr = builder.add(base, builder.mul(i, ir.Constant(_I32, 2)))
+            start = builder.lshr(builder.and_(addr, ir.Constant(_I32, 0x3FFFF)),
+                                 ir.Constant(_I32, 4))
+            return builder.zext(start, _I64)
+        return sig, codegen
+
+    def _descriptor(context, builder, start_ty, start, fields):
+        # an add, not an or: start + constant offsets + fields fold into one add
+        return builder.add(context.cast(builder, start, start_ty, types.int64),
+                           ir.Constant(_I64, fields))
 
     def _mma_codegen(text, nr, n_a_regs, a_fields, b_fields):
         """Codegen of a ``wgmma`` over ``acc`` (nr float32) with either a shared
-        A (``n_a_regs == 0``: ``a, a_flat``) or four A words, then ``b, b_flat``
-        and the ``accumulate`` flag."""
+        A (``n_a_regs == 0``: its start) or four A words, then ``b``'s start and
+        the ``accumulate`` flag."""
         def codegen(context, builder, sig, args):
             acc_ty = sig.args[0]
             data = context.make_array(acc_ty)(context, builder, args[0]).data
@@ -355,12 +388,10 @@ else:
                     ins.append(context.cast(builder, args[pos + k], sig.args[pos + k], types.uint32))
                 pos += 4
             else:
-                ins.append(_descriptor(context, builder, sig.args[1], args[1], sig.args[2],
-                                       args[2], a_fields))
-                pos += 2
-            ins.append(_descriptor(context, builder, sig.args[pos], args[pos], sig.args[pos + 1],
-                                   args[pos + 1], b_fields))
-            flag = context.cast(builder, args[pos + 2], sig.args[pos + 2], types.int32)
+                ins.append(_descriptor(context, builder, sig.args[1], args[1], a_fields))
+                pos += 1
+            ins.append(_descriptor(context, builder, sig.args[pos], args[pos], b_fields))
+            flag = context.cast(builder, args[pos + 1], sig.args[pos + 1], types.int32)
             ins.append(flag)
             fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * nr),
                                    [v.type for v in ins] + [ir.FloatType()] * nr)
@@ -396,10 +427,10 @@ else:
         text = _text(dtype, n, False, trans_b)
 
         @intrinsic
-        def mma(typingctx, acc, a, a_flat, b, b_flat, accumulate):
+        def mma(typingctx, acc, a, b, accumulate):
             if not _check_acc(acc, n):
                 return None
-            sig = types.void(acc, a, a_flat, b, b_flat, accumulate)
+            sig = types.void(acc, a, b, accumulate)
             return sig, _mma_codegen(text, n // 2, 0, a_fields, b_fields)
         return mma
 
@@ -409,9 +440,9 @@ else:
         text = _text(dtype, n, True, trans_b)
 
         @intrinsic
-        def mma(typingctx, acc, a0, a1, a2, a3, b, b_flat, accumulate):
+        def mma(typingctx, acc, a0, a1, a2, a3, b, accumulate):
             if not _check_acc(acc, n):
                 return None
-            sig = types.void(acc, a0, a1, a2, a3, b, b_flat, accumulate)
+            sig = types.void(acc, a0, a1, a2, a3, b, accumulate)
             return sig, _mma_codegen(text, n // 2, 4, None, b_fields)
         return mma
