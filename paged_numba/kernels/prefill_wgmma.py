@@ -22,9 +22,14 @@ two products run and how they overlap:
   reading). O is rescaled to tile ``j``'s maxima in the next iteration, between
   issuing ``S_{j+1}`` and ``P_j V_j``. A three-stage K/V ring keeps tile
   ``j - 1``'s values resident while tile ``j + 1`` is copied in; one barrier a
-  tile.
+  tile;
+* each operand's start (:func:`kernels.wgmma.matrix_start`) is computed once,
+  and a product adds a constant to it; without soft cap or ALiBi (and with a
+  positive scale) the scale goes into the exponent's FFMA, as the
+  ``mma.sync`` kernel's ``fma_softmax`` does.
 
-The arithmetic of every row is that of the ``mma.sync`` kernel, up to the
+The arithmetic of every row is that of the ``mma.sync`` kernel (with
+``fma_softmax`` where it applies), up to the
 tensor cores' order of accumulation, and the same bound holds
 (``testing.prefill_error_bound(tensor_cores=dtype)``).
 """

@@ -201,7 +201,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         load_queries(sm, query, ct, row0, q0, nq, h0, num_heads)
         commit_group()
         wait_all()
-        fence_proxy()           # every consumer's queries land before the first full barrier
+        # every consumer's queries land before the first full barrier (with turns,
+        # before the first turn barrier: each warpgroup's rows come from both)
+        fence_proxy()
 
         pos = cuda.local.array((1, 2), int32)
         slope = cuda.local.array((1, 2), float32)

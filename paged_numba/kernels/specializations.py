@@ -142,13 +142,16 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     # its research options (PrefillPlan(kernel_options=...)): all of them at one
     # m-tile a warp, 8 warps and 64-key tiles, in both dtypes and the strided-value
     # layout; two m-tiles a warp with every option; all 32 heads of an MQA group in
-    # one 2-warp decode tile; the warpgroup (wgmma) products
+    # one 2-warp decode tile; the warpgroup (wgmma) products, and with a producer
+    # warpgroup, the swizzled layout and turns
     fast = dict(fast_exp2=True, fma_softmax=True, token_copies=True)
     for hs, hpb, bn, nw, dtype, layout, opts in [
             (128, 4, 64, 8, "float16", "nhd", fast), (128, 4, 64, 8, "bfloat16", "vllm", fast),
             (128, 4, 32, 4, "float16", "nhd", dict(fast, m_tiles=2, q_in_regs=False)),
             (128, 32, 64, 2, "float16", "hnd", {}),
-            (128, 4, 64, 8, "bfloat16", "vllm", dict(fast_exp2=True, wgmma=True))]:
+            (128, 4, 64, 8, "bfloat16", "vllm", dict(fast_exp2=True, wgmma=True)),
+            (128, 4, 64, 8, "float16", "nhd", dict(fast_exp2=True, wgmma=True, producer=True,
+                                                   swizzle=True, pingpong=True))]:
         yield (f"prefill_tc hs={hs} {dtype} {layout} hpb={hpb} bn={bn} warps={nw} {opts}",
                prefill_tc_kernel(hs, 16, hpb, bn, dtype, layout, nw, **opts),
                prefill_signature(dtype, layout))
@@ -170,7 +173,7 @@ def family(name):
     return " ".join(words[:1] + dtypes[:1] + (["wgmma"] if "'wgmma': True" in name else []))
 
 
-def sample(specs, every=3):
+def sample(specs, every=5):
     """Every ``every``-th specialisation, and the first of each :func:`family`
     (every kernel factory in every cache dtype compiles at least once)."""
     seen = set()
