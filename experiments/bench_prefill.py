@@ -3,6 +3,8 @@
     python3 experiments/bench_prefill.py --check          # check against SDPA, then time
     python3 experiments/bench_prefill.py --cases causal-8x2048 --impls paged_numba torch_sdpa
     python3 experiments/bench_prefill.py --tuning         # time tilings of the prefill kernel
+    python3 experiments/bench_prefill.py --plan-options \
+        '{"num_warps": 8, "block_n": 64, "kernel_options": {"wgmma": true, "swizzle": true}}'
     python3 experiments/bench_prefill.py --selftest       # no GPU: FLOP formula, cases, CSR
 
 Cases (``--grid headline``; fp16, 32 query / 8 KV heads, head size 128, block
@@ -20,7 +22,8 @@ Implementations (``--impls``; each row of the CSV is one implementation on one c
 
 * ``paged_numba``: ``PrefillPlan.run`` (tile list and launch packed once, as a
   serving engine would per step; ``impl_detail`` says which kernel ran,
-  ``tensor_cores`` or ``cuda_cores``);
+  ``tensor_cores`` or ``cuda_cores``, and the options of ``--plan-options``,
+  keyword arguments of ``PrefillPlan`` as JSON, that are true);
 * ``torch_sdpa``: SDPA on the same tokens gathered into contiguous
   ``[batch, heads, seq, head_size]`` tensors (the gather is not timed): one
   batched call with ``is_causal`` when every sequence is a whole prompt of
@@ -52,6 +55,7 @@ admits ``n * (L - n) + n * (n + 1) / 2`` causally (QK^T and PV, 2 FLOPs per
 multiply-add each).
 """
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -281,6 +285,8 @@ def numba_caller(prob, tiling=None):
     tiling_s = (f"hpb={plan.heads_per_block} bq={plan.block_q} bn={plan.block_n} "
                 f"warps={plan.num_warps} tiles={plan.num_tiles}")
     detail = "tensor_cores" if getattr(plan, "tensor_cores", False) else "cuda_cores"
+    on = [k for k, v in (tiling or {}).get("kernel_options", {}).items() if v is True]
+    detail += "".join(f"+{k}" for k in on)
     return run, lambda: as_torch(run(), prob.tdtype), detail, dict(tiling=tiling_s,
                                                                    regs=kernel_regs(plan))
 
@@ -392,6 +398,7 @@ def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
     fl = flops(q_lens, kv_lens, spec["num_heads"], spec["head_size"])
     common = dict(case=case, batch=len(q_lens), q_tokens=sum(q_lens), kv_tokens=sum(kv_lens),
                   pairs=admitted_pairs(q_lens, kv_lens), **shape)
+    tiling = tiling or getattr(args, "plan_options", None)
     callers = {"paged_numba": lambda: numba_caller(prob, tiling),
                "torch_sdpa": lambda: sdpa_caller(prob),
                "flashinfer_fa2": lambda: flashinfer_caller(fi, prob, "fa2"),
@@ -441,6 +448,9 @@ def parse_args(argv=None):
                     help=f"only these implementations (of {' '.join(IMPLS)})")
     ap.add_argument("--out", default="results/prefill_h200.csv")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--plan-options", type=json.loads, default=None, metavar="JSON",
+                    help="keyword arguments of PrefillPlan for paged_numba (a tiling, "
+                         "kernel_options), e.g. '{\"kernel_options\": {\"wgmma\": true}}'")
     ap.add_argument("--check", action="store_true",
                     help="compare each implementation's output with torch SDPA before timing "
                          "(FlashInfer's is compared always)")
