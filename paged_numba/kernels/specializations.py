@@ -173,7 +173,7 @@ def family(name):
     return " ".join(words[:1] + dtypes[:1] + (["wgmma"] if "'wgmma': True" in name else []))
 
 
-def sample(specs, every=10):
+def sample(specs, every=20):
     """Every ``every``-th specialisation, and the first of each :func:`family`
     (every kernel factory in every cache dtype compiles at least once)."""
     seen = set()
