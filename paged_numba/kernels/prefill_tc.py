@@ -145,6 +145,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     k_strides, v_strides = P.k_strides, P.v_strides
     issue_tile, issue_by_token, load_queries = P.issue_tile, P.issue_by_token, P.load_queries
     tile_range, init_rows, logits = P.tile_range, P.init_rows, P.logits
+    exponent_scale = P.exponent_scale
     softmax_half, store_half = P.softmax_half, P.store_half
 
     @device_function
@@ -227,10 +228,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         cap2 = soft_cap * float32(LOG2E)
         any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
         alibi = cuda.any_sync(FULL_MASK, any_slope)
-        # fma_softmax: logits stay unscaled (the maxima too) and sc scales them in
-        # the exponent; else they are scaled first and sc is 1
-        plain = FMA and soft_cap <= 0.0 and not alibi and qscale > 0.0
-        sc = qscale if plain else float32(1.0)
+        plain, sc = exponent_scale(FMA, qscale, soft_cap, alibi)     # fma_softmax
         qa = cuda.local.array((MT, KSTEPS if QREGS else 1, 4), uint32)
         s = cuda.local.array((MT, NTILE_S, 4), float32)
         o = cuda.local.array((MT, NTILE_O, 4), float32)

@@ -225,6 +225,15 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         commit_group()
 
     @device_function
+    def exponent_scale(fold, qscale, soft_cap, alibi):
+        """``(plain, sc)``: with ``fold`` and no soft cap or ALiBi (and a positive
+        scale) the logits stay unscaled, the maxima too, and ``sc = qscale``
+        scales them in the exponent's FFMA; else they are scaled first and
+        ``sc`` is 1."""
+        plain = fold and soft_cap <= 0.0 and not alibi and qscale > 0.0
+        return plain, (qscale if plain else float32(1.0))
+
+    @device_function
     def row_max(s, m, t, h):
         """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
         logits (over the quad of lanes that share the row); the lane's pairs

@@ -246,7 +246,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     wait_all, slot, row_of, chunk_of = P.wait_all, P.slot, P.row_of, P.chunk_of
     k_strides, v_strides = P.k_strides, P.v_strides
     issue_tile, load_queries = P.issue_tile, P.load_queries
-    tile_range, init_rows = P.tile_range, P.init_rows
+    tile_range, init_rows, exponent_scale = P.tile_range, P.init_rows, P.exponent_scale
     store_half = P.store_half
     W = product_parts(P)
     starts = W.starts
@@ -314,8 +314,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
         alibi = cuda.any_sync(FULL_MASK, any_slope)
         # without soft cap or ALiBi the scale goes into the exponent's FFMA
-        plain = soft_cap <= 0.0 and not alibi and qscale > 0.0
-        sc = qscale if plain else float32(1.0)
+        plain, sc = exponent_scale(True, qscale, soft_cap, alibi)
         s = cuda.local.array((1, NTILE_S, 4), float32)
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words

@@ -97,6 +97,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     slot, row_of, chunk_of, issue_tile = P.slot, P.row_of, P.chunk_of, P.issue_tile
     k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_queries, P.tile_range, P.init_rows
+    exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
     wait_older = wait_group(1)            # all but this thread's newest group of copies
@@ -215,8 +216,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
         alibi = cuda.any_sync(FULL_MASK, any_slope)
         # without soft cap or ALiBi the scale goes into the exponent's FFMA
-        plain = soft_cap <= 0.0 and not alibi and qscale > 0.0
-        sc = qscale if plain else float32(1.0)
+        plain, sc = exponent_scale(True, qscale, soft_cap, alibi)
         s = cuda.local.array((1, NTILE_S, 4), float32)
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
