@@ -285,7 +285,7 @@ def numba_caller(prob, tiling=None):
     tiling_s = (f"hpb={plan.heads_per_block} bq={plan.block_q} bn={plan.block_n} "
                 f"warps={plan.num_warps} tiles={plan.num_tiles}")
     detail = "tensor_cores" if getattr(plan, "tensor_cores", False) else "cuda_cores"
-    on = [k for k, v in (tiling or {}).get("kernel_options", {}).items() if v is True]
+    on = [k for k, v in getattr(plan, "kernel_options", {}).items() if v is True]
     detail += "".join(f"+{k}" for k in on)
     return run, lambda: as_torch(run(), prob.tdtype), detail, dict(tiling=tiling_s,
                                                                    regs=kernel_regs(plan))

@@ -15,6 +15,12 @@ def _host_int(name, x):
     return C.int_array(name, host, dtype=np.int64)
 
 
+def _compute_capability():
+    """The current GPU's compute capability, ``(major, minor)``."""
+    from numba import cuda
+    return tuple(cuda.get_current_device().compute_capability)
+
+
 def uses_tensor_cores(cache, tensor_cores=None):
     """Whether prefill over ``cache`` runs on tensor cores
     (:mod:`paged_numba.kernels.prefill_tc`): by default where that kernel

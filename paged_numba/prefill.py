@@ -14,7 +14,8 @@ from .kernels.prefill_wgmma_ws import STAGES as WS_STAGES, ws_shared_bytes
 from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
 from ._prefill_plan import (  # noqa: F401  (prefill.plan_tiles etc., as before)
-    _OPTION_CHECKS, _host_int, _kernel_options, _knob, plan_tiles, uses_tensor_cores)
+    _OPTION_CHECKS, _compute_capability, _host_int, _kernel_options, _knob, plan_tiles,
+    uses_tensor_cores)
 
 
 class PrefillPlan:
@@ -46,7 +47,10 @@ class PrefillPlan:
         heads_per_block * block_q`` rows), keys per K/V tile, warps per
         block. Defaults from :func:`paged_numba.kernels.prefill.prefill_config`,
         or :func:`paged_numba.kernels.prefill_tc.prefill_tc_config` on tensor
-        cores (on the simulator: one warp and 16-key tiles). On tensor cores
+        cores (on the simulator: one warp and 16-key tiles; on an sm_90 GPU,
+        for prompts where the caller sets no tiling, ``kernel_options`` or
+        ``num_parts``, the warpgroup kernel with a producer and turns, see
+        :attr:`kernel_options`). On tensor cores
         each warp owns ``16 * m_tiles`` rows (``block_q = 16 * m_tiles *
         num_warps / heads_per_block``: give ``num_warps`` or ``block_q``, not
         both; ``m_tiles`` is 2 in the default prompt tilings up to head size
@@ -130,11 +134,14 @@ class PrefillPlan:
                              f"plan runs on CUDA cores; got num_parts={self.num_parts}.")
         if self.tensor_cores:
             # the defaults' options, then the caller's
+            # the warpgroup default only where the caller chose no tiling or option
+            mine = (not options and self.num_parts == 1 and
+                    (heads_per_block, block_q, block_n, num_warps) == (None,) * 4)
             options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
                                          num_warps, options.get("m_tiles"),
                                          options.get("wgmma", False),
                                          options.get("producer", False),
-                                         options.get("stages")), **options}
+                                         options.get("stages"), mine), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -152,6 +159,8 @@ class PrefillPlan:
             self._parts = (_arrays.zeros((self.total_q, self.num_parts, num_heads, d), np.float32),
                            _arrays.zeros((self.total_q, self.num_parts, num_heads), np.float32))
             options["split_k"] = True
+        #: the tensor-core kernel factory's keyword arguments ({} on CUDA cores)
+        self.kernel_options = dict(options) if self.tensor_cores else {}
         if self.tensor_cores:
             self._kernel = prefill_tc.prefill_tc_kernel(
                 d, cache.block_size, self.heads_per_block, self.block_n, cache.dtype.name,
@@ -185,19 +194,23 @@ class PrefillPlan:
                              f"more than {SHARED_LIMIT}.")
 
     def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
-                   wgmma=False, producer=False, stages=None):
+                   wgmma=False, producer=False, stages=None, auto=False):
         """Set the tiling; returns the default kernel options (``m_tiles`` the
-        caller's, if given)."""
+        caller's, if given). ``auto``: the sm_90 default may be the warpgroup
+        kernel."""
         if producer and not wgmma:
             raise ValueError("kernel_options['producer'] needs kernel_options['wgmma'] = True.")
-        d_hpb, _, d_bn, d_nw, defaults = prefill_tc.prefill_tc_config(self.cache.head_size,
-                                                                      group, max_q)
         sim = _simulator.simulator_enabled()
-        if sim:
+        d_hpb, _, d_bn, d_nw, defaults = prefill_tc.prefill_tc_config(
+            self.cache.head_size, group, max_q, self.cache.layout,
+            sm90=auto and not sim and _compute_capability() == (9, 0))
+        if defaults.get("wgmma"):
+            wgmma, producer = True, defaults.get("producer", False)
+        elif sim:
             # one warp, 16-key tiles: the simulator runs each thread in Python and
             # each mma as a rendezvous of 32 of them, so the GPU's tiles cost minutes there
             d_bn, d_nw = 16, 1
-        if wgmma:
+        if wgmma and not defaults.get("wgmma"):
             # warpgroups of 4 warps (64 rows each), one m-tile a warp
             d_nw = 4 if sim else 8
             d_bn = 16 if sim else 64
@@ -239,8 +252,7 @@ class PrefillPlan:
                              f"warpgroups) and block_n <= 256, but got num_warps={nw}, "
                              f"block_n={bn}.")
         if wgmma and not sim:
-            from numba import cuda
-            cc = tuple(cuda.get_current_device().compute_capability)
+            cc = _compute_capability()
             if cc != (9, 0):
                 raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
                                  f"this one has compute capability {cc}.")

@@ -214,6 +214,33 @@ def test_tc_prefill_swizzled(p, causal, tiling):
     check_prefill(p, causal, tiling)
 
 
+def test_default_kernel_follows_the_gpu_and_the_batch():
+    """On an sm_90 GPU a prompt's default is the warpgroup kernel (with a
+    producer and turns, except for the ``"vllm"`` layout's values); a
+    decode-like batch, a caller's tiling or split-K keeps ``mma.sync``; the
+    simulator always runs ``mma.sync`` with one warp."""
+    sm90 = not SIM and tuple(cuda_device().compute_capability) == (9, 0)
+
+    def options(layout="nhd", q_len=256, **kw):
+        cache = pn.PagedKVCache(4, 16, 2, 128, "float16", layout)
+        return pn.PrefillPlan(cache, [0, q_len], [q_len], 8, **kw).kernel_options
+
+    assert options().get("pingpong", False) is sm90
+    assert options().get("producer", False) is sm90
+    assert options("hnd").get("pingpong", False) is sm90
+    assert options("vllm").get("wgmma", False) is sm90
+    assert not options("vllm").get("producer", False)
+    for kw in (dict(q_len=1), dict(num_warps=4), dict(block_n=32), dict(num_parts=2),
+               dict(kernel_options=dict(fast_exp2=False))):
+        assert not options(**kw).get("wgmma", False), kw
+    assert options().get("m_tiles", 1) == (1 if sm90 or SIM else 2)
+
+
+def cuda_device():
+    from numba import cuda
+    return cuda.get_current_device()
+
+
 def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="num_warps a multiple of 4"):
         check_prefill(LONG_F16, True, dict(WG, num_warps=2, block_n=16))

@@ -25,24 +25,33 @@ def shared_bytes(head_size, num_warps, block_n, m_tiles=1):
     return 2 * head_size * (16 * m_tiles * num_warps + STAGES * 2 * block_n)
 
 
-def prefill_tc_config(head_size, group_size, max_q_len=None):
+def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=False):
     """Default tiling ``(heads_per_block, block_q, block_n, num_warps, options)``,
     ``options`` being keyword arguments of :func:`prefill_tc_kernel`.
 
     ``heads_per_block`` is the largest power of two dividing the GQA group (at
-    most 8), as for the CUDA-core kernel. For prompts up to head size 128:
-    4 warps of two m-tiles (32 rows a warp, 128 rows a tile) and 32-key tiles,
-    the query fragments kept in registers at head size 64 and below; at head
-    size 256 (whose accumulators would not fit two m-tiles): 8 warps of one
-    m-tile and 32-key tiles. Every tiling takes its exponentials as
-    ``ex2.approx``. These were the fastest of those timed on the H200
-    (``docs/journal/prefill_tc.md``, prefill v2 options measured, 2026-12-01). Where the batch's
-    longest query fills fewer rows (decode-like batches) the tile shrinks to one
-    m-tile a warp, with 64-key tiles, and fewer warps, at least one (16 rows).
+    most 8), as for the CUDA-core kernel. On an sm_90 GPU (``sm90=True``), for
+    prompts at head size 64 or 128: the warpgroup kernel in the swizzled
+    layout, 8 warps of 16 rows and 64-key tiles, with a producer warpgroup
+    and the two consumer warpgroups taking turns
+    (:mod:`paged_numba.kernels.prefill_wgmma_ws`, 4 stages) in every layout
+    but ``"vllm"``, whose values the producer cannot copy in whole rows
+    (there :mod:`paged_numba.kernels.prefill_wgmma`). Otherwise, for prompts up to
+    head size 128: 4 warps of two m-tiles (32 rows a warp, 128 rows a tile)
+    and 32-key tiles, the query fragments kept in registers at head size 64
+    and below; at head size 256 (whose accumulators would not fit two
+    m-tiles): 8 warps of one m-tile and 32-key tiles. Every tiling takes its
+    exponentials as ``ex2.approx``. These were the fastest of those timed on
+    the H200 (``docs/journal/prefill_tc.md``: prefill v2 options measured,
+    2026-12-01; v8 measured, 2026-12-02). Where the batch's longest query
+    fills fewer rows (decode-like batches) the tile shrinks to one m-tile a
+    warp, with 64-key tiles, and fewer warps, at least one (16 rows).
 
     >>> prefill_tc_config(128, 4)
     (4, 32, 32, 4, {'fast_exp2': True, 'q_in_regs': False, 'm_tiles': 2})
-    >>> prefill_tc_config(128, 4, max_q_len=1)
+    >>> prefill_tc_config(128, 4, sm90=True)[:4]
+    (4, 32, 64, 8)
+    >>> prefill_tc_config(128, 4, max_q_len=1, sm90=True)
     (4, 4, 64, 1, {'fast_exp2': True, 'q_in_regs': True, 'm_tiles': 1})
     >>> prefill_tc_config(64, 8)[:4], prefill_tc_config(256, 1)[:4]
     ((8, 16, 32, 4), (1, 128, 32, 8))
@@ -51,6 +60,11 @@ def prefill_tc_config(head_size, group_size, max_q_len=None):
     while hpb * 2 <= min(group_size, 8) and group_size % (hpb * 2) == 0:
         hpb *= 2
     rows = None if max_q_len is None else int(max_q_len) * hpb
+    if sm90 and head_size in (64, 128) and (rows is None or rows > 64):
+        options = dict(fast_exp2=True, m_tiles=1, wgmma=True, swizzle=True)
+        if layout != "vllm":
+            options.update(producer=True, pingpong=True)
+        return hpb, 128 // hpb, 64, 8, options
     if head_size <= 128 and (rows is None or rows > 64):
         # two m-tiles a warp: each K/V fragment feeds two products
         options = dict(fast_exp2=True, q_in_regs=head_size <= 64, m_tiles=2)
