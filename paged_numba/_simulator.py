@@ -276,7 +276,8 @@ def install():
     ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
     ``syncwarp``, ``activemask``, ``lanemask_lt``, ``ballot_sync``,
     ``any_sync``, ``all_sync``, ``eq_sync``, ``match_any_sync`` and
-    ``match_all_sync`` (on ``numba.cuda`` as well, with ``syncthreads``, for
+    ``match_all_sync`` (on ``numba.cuda`` as well, with ``syncthreads`` and
+    ``atomic``, for
     device functions that live outside the kernel's module), makes ``cuda.shared.array`` thread-safe (see
     :func:`_shared_array`), and sets ``sys.setswitchinterval(1e-4)`` because the
     simulator busy-polls its threads. Calling it again does nothing.
@@ -309,5 +310,8 @@ def install():
             setattr(numba.cuda, fn.__name__, functools.partial(fn, None))
     if not hasattr(numba.cuda, "syncthreads"):
         numba.cuda.syncthreads = lambda: threading.current_thread().syncthreads()
+    if not hasattr(numba.cuda, "atomic"):           # the simulator's atomics lock globally
+        from numba.cuda.simulator.kernelapi import FakeCUDAAtomic
+        numba.cuda.atomic = FakeCUDAAtomic()
     _installed = True
     return True

@@ -4,6 +4,8 @@ import numpy as np
 from . import _arrays
 from . import _checks as C
 from . import fp8 as _fp8
+from ._guard import offence_message
+from .kernels.guard import WORDS
 from .layouts import DTYPES, cache_shapes, check_layout, from_nhd, infer_geometry, to_nhd
 
 CACHE_DTYPES = DTYPES + _fp8.FP8_DTYPES     # fp8: uint8 codes on the device, with scales
@@ -149,6 +151,7 @@ class PagedKVCache:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) \
                 or not 0 <= i < self.num_layers:
             raise ValueError(f"layer must be an integer in [0, {self.num_layers}), but got {i!r}.")
+        self.errors                                  # one error word for every layer
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
         view.num_layers = None
@@ -221,6 +224,39 @@ class PagedKVCache:
         from .interop import from_device
 
         return from_device(cls, key_cache, value_cache, layout, num_layers)
+
+    @property
+    def errors(self):
+        """The device error word ``[code, where, entry, value]`` int64
+        (:mod:`paged_numba.kernels.guard`) into which the kernels record the
+        first out-of-range index they were given (only possible with
+        ``validate=False``); shared by the layers of a layered cache."""
+        if self.__dict__.get("_errors") is None:
+            self._errors = _arrays.zeros((WORDS,), np.int64)
+        return self._errors
+
+    def check(self):
+        """Raise ``ValueError`` for the first out-of-range index a kernel was
+        given on this cache since the last check (it skipped that index:
+        see :mod:`paged_numba.kernels.guard`), and clear the record.
+        Synchronises with the device.
+
+        >>> import numpy as np
+        >>> from numba import cuda
+        >>> from paged_numba import PagedKVCache, write_kv
+        >>> cache = PagedKVCache(num_blocks=2, block_size=4, num_kv_heads=1, head_size=16)
+        >>> kv = np.ones((2, 1, 16), np.float16)
+        >>> write_kv(cache, kv, kv, cuda.to_device(np.array([3, 8])), validate=False)
+        >>> cache.check()
+        Traceback (most recent call last):
+        ...
+        ValueError: write_kv was given slot_mapping[1] = 8 (validate=False), outside [0, 8) (-1 marks padding); that token was not written.
+        >>> cache.check()                               # cleared
+        """
+        word = _arrays.to_host(self.errors)
+        if word[0]:
+            self.errors.copy_to_device(np.zeros(WORDS, np.int64))
+            raise ValueError(offence_message(word, self))
 
     @property
     def num_slots(self):

@@ -34,6 +34,8 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
     validate : bool
         Check shapes, dtypes and slots (in ``[-1, num_slots)``, no slot twice)
         before launching; device slot mappings are copied to the host for it.
+        Without it a device slot outside the pool is not written but recorded,
+        for :meth:`PagedKVCache.check` to raise.
     stream : optional
         Launch on this stream: a numba, PyTorch (``torch.cuda.Stream``) or
         CuPy stream, a raw ``cudaStream_t`` int, or None (the default stream).
@@ -123,5 +125,6 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
         fmt = cache.dtype.name if is_fp8(cache.dtype) else None     # fp8: quantise on the way
         kernel = write_kv_kernel(cache.block_size, cache.layout, vector_width(cache.dtype), fp8=fmt)
         _launch.launch(kernel, num_tokens, 128,
-                       (cache.key_cache, cache.value_cache, k, v, slots, *kernel_scales(cache)),
+                       (cache.key_cache, cache.value_cache, k, v, slots, cache.errors,
+                        *kernel_scales(cache)),
                        stream=handle)

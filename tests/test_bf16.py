@@ -146,7 +146,7 @@ for layout, (kd, vd) in NDIM.items():
     assert "ld.global.v4" in ptx, (layout, ptx)                 # the 16-byte key load
     wk = write_kv_kernel(16, layout, 8)
     cuda.compile_ptx(wk.py_func, (arr(U16, kd), arr(U16, vd), arr(U16, 3), arr(U16, 3),
-                                  arr(types.int64, 1)), cc=(9, 0))
+                                  arr(types.int64, 1), arr(types.int64, 1)), cc=(9, 0))
     compiled += 2
 for v_dt, v_ty in (("float32", F32), ("bfloat16", U16)):
     cuda.compile_ptx(merge_kernel("bfloat16", v_dt).py_func,

@@ -108,13 +108,14 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, _vector_width(dtype))
         for slot_dtype in ("int64", "int32"):
-            sig = (*_pools(layout, dtype), _arr(dtype, 3), _arr(dtype, 3), _arr(slot_dtype, 1))
+            sig = (*_pools(layout, dtype), _arr(dtype, 3), _arr(dtype, 3), _arr(slot_dtype, 1),
+                   _arr("int64", 1))
             yield f"write_kv bs={bs} {layout} {dtype} slots={slot_dtype}", kernel, sig
     for layout, fmt in itertools.product(layouts, FP8_DTYPES):     # quantising writes
         kernel = write_kv_kernel(16, layout, 16, fp8=fmt)
         for src in DTYPES:
             sig = (*_pools(layout, fmt), _arr(src, 3), _arr(src, 3), _arr("int64", 1),
-                   _arr("float32", 2))
+                   _arr("int64", 1), _arr("float32", 2))
             yield f"write_kv bs=16 {layout} {fmt} from={src}", kernel, sig
     for dtype in DTYPES:
         for v_dtype in sorted({"float32", dtype}):      # split-K partials; merge_states input
