@@ -127,7 +127,8 @@ class GroupDecode:
                                                                       self.num_seqs), 128,
                                          (out, lse, part_out, part_lse))
         args = (part_out, part_lse, q, c.key_cache, c.value_cache, tables,
-                *self._fixed, lens, *self._tiles, self._scale, np.int32(0), *self._variants)
+                *self._fixed, lens, *self._tiles, self._scale, np.int32(0), *self._variants,
+                c.errors)
         main = _launch.PackedLaunch(self.kernel, self.grid, 32 * self.num_warps, args)
         return [main] + ([merge] if merge is not None else [])
 

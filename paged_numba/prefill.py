@@ -286,6 +286,9 @@ class PrefillPlan:
         validate : bool
             Check the query's shape and dtype and the table's entries (copies it
             to the host) even when the buffers are the ones already packed.
+            Without it new contents of a packed table are not checked: a block
+            id outside the pool is read as block 0 and recorded, for
+            :meth:`check` to raise.
 
         Returns
         -------
@@ -308,6 +311,12 @@ class PrefillPlan:
         if out is not None:
             return out
         return self._like(self.out, query, self.query_dtype)
+
+    def check(self):
+        """Raise ``ValueError`` for the first block id outside the pool that a
+        run without validation met (``PagedKVCache.check`` of the plan's
+        cache, whose error word every kernel on it shares), and clear it."""
+        self.cache.check()
 
     def _check(self, inputs, validate=True):
         query, block_tables, out, lse = inputs
@@ -339,7 +348,7 @@ class PrefillPlan:
         outs = self._parts or (out, lse)
         args = (*outs, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
                 *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants,
-                *kernel_scales(c))
+                c.errors, *kernel_scales(c))
         threads = getattr(self._kernel, "block_threads", 32 * self.num_warps)
         launch = _launch.PackedLaunch(self._kernel, self._grid, threads, args)
         if self._parts is None:

@@ -61,3 +61,81 @@ def test_layers_share_one_error_word_and_good_writes_record_nothing():
         cache.layer(1).check()
     cache.check()
     assert not cache.to_host()[0][2, 1].any()                 # layer 2 of the 8th slot: none
+
+
+# -- prefill: a table with ids outside the pool, run without validation --------
+def _prefill_case(dtype):
+    """Two sequences (5 new tokens after 3 cached; 4 new) over a pool of 6
+    blocks of 4 tokens, 2 query heads on 1 KV head, head size 16."""
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((6, 4, 1, 16)).astype(dtype)
+    v = rng.standard_normal((6, 4, 1, 16)).astype(dtype)
+    cache = pn.PagedKVCache.from_host(k, v)
+    q = _device(rng.standard_normal((9, 2, 16)).astype(dtype))
+    table = np.array([[4, 0, -1], [2, 5, -1]], np.int32)
+    return cache, q, table
+
+
+TILINGS = {
+    "cuda-cores": ("float32", dict(tensor_cores=False, block_q=2, block_n=4, num_warps=1)),
+    "mma-sync": ("float16", dict(tensor_cores=True, block_n=16, num_warps=1)),
+    "producer": ("float16", dict(tensor_cores=True, block_n=16, num_warps=4,
+                                 kernel_options=dict(wgmma=True, producer=True))),
+}
+
+
+@pytest.mark.parametrize("kernel", TILINGS)
+@pytest.mark.parametrize("bad", [6, 2 ** 31 - 1, -1, -9])
+def test_prefill_plan_reads_block_zero_for_an_id_outside_the_pool(kernel, bad):
+    """A plan validates the buffers it is first given; new contents of the same
+    buffer it does not (that is what makes ``run`` cheap)."""
+    dtype, tiling = TILINGS[kernel]
+    cache, q, table = _prefill_case(dtype)
+    plan = pn.PrefillPlan(cache, [0, 5, 9], [8, 4], 2, **tiling)
+    dt = _device(table)
+
+    def run(entry):
+        table[0, 1] = entry                                   # sequence 0's second block
+        dt.copy_to_device(table)
+        return np.asarray(pn._arrays.to_host(plan.run(q, dt))).copy()
+
+    want = run(0)
+    clean = run(5)
+    cache.check()                                             # good ids: nothing recorded
+    got = run(bad)
+    with pytest.raises(ValueError, match=rf"block_tables\[0, 1\] = {bad} \(validate=False\), "
+                                         r"outside \[0, 6\); it read block 0"):
+        plan.cache.check()
+    assert np.array_equal(got[5:], clean[5:])                 # sequence 1 as before
+    assert np.array_equal(got[:5], want[:5])                  # 0 as if its block were block 0
+    assert not np.array_equal(got[:5], clean[:5])
+    cache.check()
+
+
+def test_group_decode_clamps_a_length_beyond_the_table():
+    """MQA decode (32 heads on one KV head) runs on the prefill tile with the
+    lengths given at run time: one longer than its table row holds is taken
+    as the row's capacity, a negative one as 0."""
+    rng = np.random.default_rng(6)
+    k = rng.standard_normal((4, 16, 1, 32)).astype(np.float16)
+    cache = pn.PagedKVCache.from_host(k, -k)
+    q = _device(rng.standard_normal((3, 32, 32)).astype(np.float16))
+    table = _device(np.array([[1, 3], [0, 2], [2, -1]], np.int32))
+    lens = _device(np.array([20, 32, 9], np.int32))
+    plan = pn.DecodePlan(cache, 3, 32, 2)
+    assert plan.heads_per_block in (16, 32)                   # the prefill tile
+
+    def run(*values):
+        lens.copy_to_device(np.array(values, np.int32))
+        return np.asarray(pn._arrays.to_host(plan.run(q, table, lens))).copy()
+
+    clean = run(20, 32, 9)
+    cache.check()
+    got = run(20, 40, 9)
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = 40 \(validate=False\)"):
+        cache.check()
+    assert np.array_equal(got, clean)                         # 40 taken as 32: the same
+    got = run(20, 32, -3)
+    with pytest.raises(ValueError, match=r"seq_lens\[2\] = -3 "):
+        cache.check()
+    assert np.array_equal(got[:2], clean[:2]) and not got[2].any()    # no keys: zeros

@@ -12,13 +12,19 @@ the index into the argument, ``value`` what was there. The first offence
 wins (a compare-and-swap on ``code``); the host reads the word when asked
 (:meth:`paged_numba.PagedKVCache.check`).
 """
-from numba import cuda, int64
+from numba import cuda, int32, int64, uint32
 
 from .convert import device_function
 
 #: ``write_kv``: ``slot_mapping[entry]`` (token ``where = entry``) is ``value``,
 #: neither -1 (padding) nor a slot of the pool; that token is not written
 SLOT = 1
+#: a table lookup: ``block_tables[where, entry]`` is ``value``, not a block of the
+#: pool; the kernel reads block 0 instead (sequence ``where``'s output is wrong)
+BLOCK = 2
+#: ``seq_lens[where]`` (``entry = where``) is ``value``, negative or more tokens
+#: than the table's row holds; the kernel takes it as 0 or as the row's capacity
+SEQ_LEN = 3
 WORDS = 4
 
 
@@ -29,3 +35,25 @@ def offend(errors, code, where, entry, value):
         errors[1] = int64(where)
         errors[2] = int64(entry)
         errors[3] = int64(value)
+
+
+@device_function
+def block_of(block_tables, errors, seq, b, num_blocks):
+    """``block_tables[seq, b]`` if it is a block of the pool (``[0,
+    num_blocks)``); else 0, the offence recorded."""
+    blk = block_tables[seq, b]
+    if uint32(blk) >= uint32(num_blocks):
+        offend(errors, BLOCK, seq, b, blk)
+        blk = int32(0)
+    return blk
+
+
+@device_function
+def length_of(seq_lens, errors, seq, cap):
+    """``seq_lens[seq]`` clamped into ``[0, cap]`` (``cap``: the tokens a table
+    row holds), the offence recorded where it had to be."""
+    n = seq_lens[seq]
+    if uint32(n) > uint32(cap):
+        offend(errors, SEQ_LEN, seq, seq, n)
+        n = int32(0) if n < 0 else int32(cap)
+    return n

@@ -60,6 +60,7 @@ from .access import device_function, vector_accessors
 from .convert import codec
 from .fp8 import FORMATS as FP8_FORMATS
 from .fp8 import fp8_vector_accessors, store_as, to_f32_any
+from .guard import block_of, length_of
 
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
@@ -134,9 +135,11 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
     ``tile_seq [num_tiles]``, ``tile_q0 [num_tiles]`` int32 (sequence and first
     query of each tile), ``scale`` float32, ``causal`` int32 (0 or 1),
     ``alibi_slopes [num_heads]`` float32 (zeros for none), ``soft_cap``
-    float32 (0 for none), ``window`` int32 (0 for none). Launch with grid
-    ``(num_tiles, num_heads // heads_per_block)`` and ``32 * num_warps``
-    threads.
+    float32 (0 for none), ``window`` int32 (0 for none), ``errors [4]`` int64
+    (:mod:`.guard`: a block id outside the pool reads block 0, a length
+    beyond the table's row is clamped to it, and the first is recorded).
+    Launch with grid ``(num_tiles, num_heads // heads_per_block)`` and
+    ``32 * num_warps`` threads.
 
     An fp8 ``dtype`` (``uint8`` pools of codes) adds ``kv_scales [2,
     num_kv_heads]`` float32 last, as in ``kernels.decode``: the codes are
@@ -200,14 +203,14 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         the stores, zeros past ``kn``."""
 
         @device_function
-        def stage(pool, block_tables, seq, kvh, kt, kn, tid, kv_r, kv_s):
+        def stage(pool, block_tables, errors, seq, kvh, kt, kn, tid, kv_r, kv_s):
             for u in range(LPT):
                 idx = tid + u * NT
                 n = idx % BN
                 if idx < NLOAD and n < kn:
                     t = kt + n
-                    vec_fn(pool, block_tables[seq, t // BLOCK_SIZE], kvh, t % BLOCK_SIZE,
-                           idx // BN, kv_r, u * VEC)
+                    blk = block_of(block_tables, errors, seq, t // BLOCK_SIZE, pool.shape[0])
+                    vec_fn(pool, blk, kvh, t % BLOCK_SIZE, idx // BN, kv_r, u * VEC)
                 else:
                     for e in range(VEC):
                         kv_r[u * VEC + e] = 0.0
@@ -225,7 +228,8 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
 
     @device_function
     def prefill(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
-                tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, kv_scales):
+                tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
+                kv_scales):
         tile = cuda.blockIdx.x
         hb = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -236,7 +240,8 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         q0 = tile_q0[tile]
         row0 = cu_seqlens_q[seq]                     # this sequence's first query row
         q_len = cu_seqlens_q[seq + 1] - row0
-        kv_len = seq_lens[seq]
+        # (clamped to what the table's row holds: see kernels.guard)
+        kv_len = length_of(seq_lens, errors, seq, block_tables.shape[1] * BLOCK_SIZE)
         nq = min(BQ, q_len - q0)                     # valid query tokens in this tile
         pos0 = kv_len - q_len + q0                   # position of the tile's first query
         # keys any row admits: from the window's start for the first query to
@@ -299,7 +304,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         for kt in range(kv_lo, kv_hi, BN):
             kn = min(BN, kv_hi - kt)                 # keys of this tile
             # -- K tile -> kv_s[d, n], 16-byte vectors, all loads issued before the stores
-            stage_k(key_cache, block_tables, seq, kvh, kt, kn, tid, kv_r, kv_s)
+            stage_k(key_cache, block_tables, errors, seq, kvh, kt, kn, tid, kv_r, kv_s)
             cuda.syncthreads()  # wait for the K tile (and q_s on the first pass)
 
             # -- S = Q K^T, an RM x RN micro-tile per thread
@@ -359,7 +364,7 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
             cuda.syncthreads()  # wait for p_s, alpha_s; everyone is done with the K tile
 
             # -- V tile -> kv_s[d, n]
-            stage_v(value_cache, block_tables, seq, kvh, kt, kn, tid, kv_r, kv_s)
+            stage_v(value_cache, block_tables, errors, seq, kvh, kt, kn, tid, kv_r, kv_s)
             cuda.syncthreads()  # wait for the V tile
 
             # -- O = alpha O + P V, an RMO x RD micro-tile per thread
@@ -424,19 +429,19 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
         @cuda.jit
         def paged_prefill_fp8_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                      cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
-                                     alibi_slopes, soft_cap, window, kv_scales):
+                                     alibi_slopes, soft_cap, window, errors, kv_scales):
             prefill(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q,
                     seq_lens, tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window,
-                    kv_scales)
+                    errors, kv_scales)
 
         return paged_prefill_fp8_kernel
 
     @cuda.jit
     def paged_prefill_kernel(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q,
                              seq_lens, tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap,
-                             window):
+                             window, errors):
         prefill(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
-                tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window,
+                tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
                 alibi_slopes)                        # no scales
 
     return paged_prefill_kernel
@@ -444,7 +449,8 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
 
 def prefill_signature(dtype, layout, query_dtype="float16"):
     """Argument types the API launches the prefill kernel with (an fp8 cache:
-    ``query_dtype`` queries and outputs, the scales last)."""
+    ``query_dtype`` queries and outputs, the scales last; the error word
+    before them)."""
     from numba.core import types
     from numba.np.numpy_support import from_dtype
 
@@ -461,7 +467,7 @@ def prefill_signature(dtype, layout, query_dtype="float16"):
     pool = store_of(dtype)
     return (arr(q, 3), arr("float32", 2), arr(q, 3), arr(pool, kdim), arr(pool, vdim),
             arr("int32", 2), i32, i32, i32, i32, types.float32, types.int32, arr("float32", 1),
-            types.float32, types.int32) + ((arr("float32", 2),) if fp8 else ())
+            types.float32, types.int32, arr("int64", 1)) + ((arr("float32", 2),) if fp8 else ())
 
 
 # (head_size, group_size, dtype, layout, block_size): the head sizes that pick

@@ -180,7 +180,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                  else dict(max_registers=max_registers)))
     def paged_prefill_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                 cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
-                                alibi_slopes, soft_cap, window):
+                                alibi_slopes, soft_cap, window, errors):
         tid = int32(cuda.threadIdx.x)
         lane = int32(tid % 32)
         warp = int32(tid // 32)
@@ -192,8 +192,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
         h0 = cuda.blockIdx.y * HPB
         kvh = h0 // group
+        tables = (block_tables, errors)
         seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
-            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
+            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
         last = int32(kv_hi - 1)
 
         sm = cuda.shared.array(0, SMEM_T, alignment=16)
@@ -205,10 +206,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
         # -- the tile's queries and its first K/V tile -> shared memory
         load_queries(sm, query, tid, row0, q0, nq, h0, num_heads)
         if ntiles > 0 and token_copies:
-            issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo,
+            issue_by_token(sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo,
                            last, 0, tid, kstr, vstr)
         elif ntiles > 0:
-            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+            issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo, last,
                        0, tid, kstr, vstr, tid_slot)
         else:
             commit_group()
@@ -243,10 +244,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             wait_all()
             cuda.syncthreads()  # tile j (and the queries) landed; everyone is done with tile j - 1
             if j + 1 < ntiles and token_copies:
-                issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt + BN, kv_lo,
+                issue_by_token(sm, key_cache, value_cache, tables, seq, kvh, kt + BN, kv_lo,
                                last, (j + 1) % NSTAGES, tid, kstr, vstr)
             elif j + 1 < ntiles:
-                issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kt + BN, kv_lo,
+                issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kt + BN, kv_lo,
                            last, (j + 1) % NSTAGES, tid, kstr, vstr, tid_slot)
             if QREGS and j == 0:
                 for t in range(MT):

@@ -23,6 +23,7 @@ from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import LOG2E, STORAGE, lane_reducer
 from .fastmath import exp2_approx
+from .guard import block_of, length_of
 from .mma import pack_pair
 from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
 
@@ -162,7 +163,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     v_strides = row_strides(v_flat if STAGE_V else k_flat, 1)
 
     @device_function
-    def issue_by_token(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
+    def issue_by_token(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage,
                        tid, kstr, vstr):
         """``issue_tile`` with each thread copying chunks ``tid % TPT + TPT j`` of
         tokens ``tid // TPT + k NT / TPT``: one table lookup a token."""
@@ -173,7 +174,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
             n = tid // TPT + k * (NT // TPT)
             t = int32(min(max(kt + n, lo), last))
             b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            blk = block_tables[seq, b]
+            blk = block_of(tables[0], tables[1], seq, b, key_cache.shape[0])
             off = int32(t - b * BLOCK_SIZE)
             ka = wide(blk, kstr[1]) + (kstr[0] + off * kstr[2])
             va = wide(blk, vstr[1]) + (vstr[0] + off * vstr[2])
@@ -189,11 +190,13 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         commit_group()
 
     @device_function
-    def issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kt, lo, last, stage,
+    def issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage,
                    tid, kstr, vstr, tid_slot):
         """Start copying keys and values ``kt .. kt + BN - 1`` (clamped into
-        ``[lo, last]``) into ``stage`` of the ring, as one group; ``kstr``, ``vstr``
-        are this thread's :func:`strides`, ``tid_slot`` its first chunk's slot."""
+        ``[lo, last]``) into ``stage`` of the ring, as one group; ``tables`` is
+        ``(block_tables, errors)`` (an id outside the pool reads block 0, see
+        :mod:`.guard`), ``kstr``, ``vstr`` this thread's :func:`strides`,
+        ``tid_slot`` its first chunk's slot."""
         kbase = KV_OFF + 2 * stage * BN * D
         vbase = kbase + BN * D
         for u in range(CPT):
@@ -203,7 +206,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
                 t = int32(min(max(kt + n, lo), last))
                 b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                blk = block_tables[seq, b]
+                blk = block_of(tables[0], tables[1], seq, b, key_cache.shape[0])
                 off = int32(t - b * BLOCK_SIZE)
                 if FIXED_CHUNK:       # the same chunk and row % 8 for every u
                     dk = kbase + tid_slot + u * CT * 8
@@ -323,14 +326,16 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 copy16_async(sm, slot(Q_OFF, row, ch), query, src)
 
     @cuda_function
-    def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window):
+    def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables):
         """The tile's sequence and keys: ``(seq, row0, q0, nq, pos0, kv_lo, kv_hi,
-        ntiles, kv_first)`` (split-K: this part's share of the key tiles)."""
+        ntiles, kv_first)`` (split-K: this part's share of the key tiles); a
+        length beyond what the sequence's row of ``tables = (block_tables,
+        errors)`` holds is clamped to it (:mod:`.guard`)."""
         seq = tile_seq[tile]
         q0 = tile_q0[tile]
         row0 = cu_seqlens_q[seq]
         q_len = cu_seqlens_q[seq + 1] - row0
-        kv_len = seq_lens[seq]
+        kv_len = length_of(seq_lens, tables[1], seq, tables[0].shape[1] * BLOCK_SIZE)
         nq = int32(min(BQ, q_len - q0))       # valid query tokens of this tile
         pos0 = int32(kv_len - q_len + q0)     # position of its first query
         kv_lo = int32(0 if window <= 0 else max(pos0 - window + 1, 0))

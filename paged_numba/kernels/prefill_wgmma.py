@@ -256,13 +256,13 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     def acquire(j, ntiles, a):
         """Wait for tile ``j``'s copies, make them visible to the tensor cores, and
         start copying tile ``j + 1`` (into the stage tile ``j - 2`` used)."""
-        sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last, tid, \
+        sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo, last, tid, \
             kstr, vstr, tid_slot = a
         wait_all()
         fence_proxy()       # this thread's copies, visible to the tensor cores' reads
         cuda.syncthreads()  # everyone's copies landed; everyone is done with tile j - 2
         if j + 1 < ntiles:
-            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh,
+            issue_tile(sm, key_cache, value_cache, tables, seq, kvh,
                        kv_first + (j + 1) * BN, kv_lo, last, (j + 1) % STAGES, tid, kstr, vstr,
                        tid_slot)
 
@@ -276,7 +276,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                  else dict(max_registers=max_registers)))
     def paged_prefill_wgmma_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                    cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
-                                   alibi_slopes, soft_cap, window):
+                                   alibi_slopes, soft_cap, window, errors):
         tid = int32(cuda.threadIdx.x)
         lane = int32(tid % 32)
         warp = int32(tid // 32)
@@ -286,8 +286,9 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
         h0 = cuda.blockIdx.y * HPB
         kvh = h0 // group
+        tables = (block_tables, errors)
         seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
-            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
+            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
         last = int32(kv_hi - 1)
 
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
@@ -299,7 +300,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
 
         load_queries(sm, query, tid, row0, q0, nq, h0, num_heads)
         if ntiles > 0:
-            issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+            issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo, last,
                        0, tid, kstr, vstr, tid_slot)
         else:
             commit_group()
@@ -322,7 +323,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
             for e in range(4):
                 o[0, i, e] = 0.0
 
-        tiles = (sm, key_cache, value_cache, block_tables, seq, kvh, kv_first, kv_lo, last,
+        tiles = (sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo, last,
                  tid, kstr, vstr, tid_slot)
         run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
                  ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, tiles)

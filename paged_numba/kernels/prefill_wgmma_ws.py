@@ -159,14 +159,15 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     @jit
     def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                       cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
-                                      alibi_slopes, soft_cap, window):
+                                      alibi_slopes, soft_cap, window, errors):
         tid = int32(cuda.threadIdx.x)
         num_heads = query.shape[1]
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
         h0 = cuda.blockIdx.y * HPB
         kvh = h0 // group
+        tables = (block_tables, errors)
         seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
-            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window)
+            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
         last = int32(kv_hi - 1)
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
 
@@ -179,7 +180,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             for j in range(ntiles):
                 if j >= STAGES:         # the consumers are done with tile j - STAGES
                     bar_sync(EMPTY + j % STAGES)
-                issue_tile(sm, key_cache, value_cache, block_tables, seq, kvh, kv_first + j * BN,
+                issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kv_first + j * BN,
                            kv_lo, last, j % STAGES, tid, kstr, vstr, tid_slot)
                 if j >= 1:
                     wait_older()
