@@ -133,15 +133,15 @@ class PrefillPlan:
             raise ValueError(f"num_parts (split-K) applies to the tensor-core kernel, but this "
                              f"plan runs on CUDA cores; got num_parts={self.num_parts}.")
         if self.tensor_cores:
-            # the defaults' options, then the caller's
-            # the warpgroup default only where the caller chose no tiling or option
-            mine = (not options and self.num_parts == 1 and
+            # the defaults' options, then the caller's; the warpgroup default only
+            # where the caller chose no tiling, option or split
+            auto = (not options and self.num_parts == 1 and
                     (heads_per_block, block_q, block_n, num_warps) == (None,) * 4)
             options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
                                          num_warps, options.get("m_tiles"),
                                          options.get("wgmma", False),
                                          options.get("producer", False),
-                                         options.get("stages"), mine), **options}
+                                         options.get("stages"), auto), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
