@@ -62,7 +62,10 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
         float32 (``-inf`` for an empty sequence).
     validate : bool
         Check shapes, dtypes and table entries first (copies device tables to
-        the host). Turn off only in benchmarks.
+        the host). Turn off only in benchmarks: without it a device table
+        entry outside the pool or a length outside its table row is not
+        followed (the kernel reads block 0, or clamps the length) but
+        recorded, for :meth:`PagedKVCache.check` to raise.
     pv_mma, key_rows : bool, optional
         Variants of the tensor-core kernel (other rounding; ignored where the
         other kernels run: the CUDA-core kernel, and the prefill tile that MQA
@@ -159,7 +162,7 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                                            key_rows=key_rows)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
-                np.int32(partition_size), *variants, *kernel_scales(cache))
+                np.int32(partition_size), *variants, cache.errors, *kernel_scales(cache))
         if num_partitions == 1:
             _launch.PackedLaunch(kernel, grid, threads,
                                  (out.reshape(num_seqs, 1, num_heads, head_size),
@@ -224,6 +227,11 @@ class DecodePlan:
     applies and ``tensor_cores`` is not False: ``num_partitions`` then counts
     its parts, and ``num_warps``, ``unroll``, ``stages``, ``pv_mma`` and
     ``key_rows`` do not apply.
+
+    ``run`` checks the contents of new buffers only (or every step with
+    ``validate=True``): an out-of-range block id or length written into the
+    packed buffers later is not followed by the kernels but recorded, and
+    :meth:`check` (or the cache's :meth:`~PagedKVCache.check`) raises it.
 
     Examples
     --------
@@ -330,6 +338,11 @@ class DecodePlan:
             None (the default stream); ignored under the simulator.
         validate : bool
             Run :func:`paged_decode`'s checks first (copies tables to the host).
+            Without it (the default) the contents of buffers already packed
+            are not checked: a table entry outside the pool, or a length
+            outside its table row, is not followed (the kernel reads block 0,
+            or clamps the length; that sequence's output is wrong) but
+            recorded, for :meth:`check` to raise.
 
         Returns
         -------
@@ -356,6 +369,32 @@ class DecodePlan:
         if out is not None:
             return out
         return self._like(self.out, query, self.query_dtype)
+
+    def check(self):
+        """Raise ``ValueError`` for the first out-of-range block id or length
+        the kernels were given since the last check (only possible with
+        ``run(validate=False)``), and clear it: :meth:`PagedKVCache.check` of
+        the plan's cache. Synchronises with the device.
+
+        >>> import numpy as np
+        >>> from numba import cuda
+        >>> from paged_numba import PagedKVCache, DecodePlan
+        >>> cache = PagedKVCache(num_blocks=4, block_size=8, num_kv_heads=1, head_size=16)
+        >>> plan = DecodePlan(cache, num_seqs=1, num_heads=1, max_blocks=2)
+        >>> q = cuda.to_device(np.ones((1, 1, 16), np.float16))
+        >>> table = cuda.to_device(np.array([[3, 1]], np.int32))
+        >>> lens = cuda.to_device(np.array([9], np.int32))
+        >>> _ = plan.run(q, table, lens)                    # new buffers: checked, packed
+        >>> table.copy_to_device(np.array([[3, 7]], np.int32))   # 7: not a block of the pool
+        >>> _ = plan.run(q, table, lens)                    # the packed ones: not checked
+        >>> plan.check()
+        Traceback (most recent call last):
+        ...
+        ValueError: a kernel was given block_tables[0, 1] = 7 (validate=False), outside [0, 4);
+        it read block 0 in its place, so sequence 0's output is wrong.
+        >>> plan.check()                                    # cleared
+        """
+        self.cache.check()
 
     def _check(self, inputs):
         query, block_tables, seq_lens, out, lse = inputs
@@ -401,7 +440,7 @@ class DecodePlan:
                                          (out, lse, part_out, part_lse))
         args = (part_out, part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
-                *self._variants, *kernel_scales(self.cache))
+                *self._variants, self.cache.errors, *kernel_scales(self.cache))
         self._decode = _launch.PackedLaunch(self._kernel, self._grid, self._threads, args)
         # one graph launch per run (decode, then the split-K merge): less host time
         self._graph = _launch.GraphLaunch(

@@ -16,6 +16,13 @@ KV head ``g = h // (num_heads // num_kv_heads)`` and partition ``p`` (tokens
 With one partition that is the attention output itself; with several, the
 partials are combined by ``kernels.merge`` with the (m, l) rule.
 
+Out-of-range inputs (possible only when the caller skipped validation) are
+not followed (:mod:`.guard`): a ``seq_lens`` entry outside ``[0,
+max_blocks * block_size]`` is clamped into it, and a table entry the
+sequence uses that is not a block of the pool reads block 0 instead; either
+is recorded in ``errors [4]`` int64 (that sequence's output is wrong, the
+others' are untouched).
+
 Non-finite data as in ``paged_numba.reference``: ``max`` passes over a NaN
 logit (a comparison with NaN is false), so the running maximum stays a number
 and the NaN travels in the exp-sums instead. Where no finite maximum exists
@@ -55,7 +62,7 @@ KV head's group handled together so that each K/V byte is read once):
 import functools
 import math
 
-from numba import cuda, float32, uint8, uint16
+from numba import cuda, float32, int32, uint8, uint16, uint32
 from numba.core.types import float16
 
 from .access import device_function, vector_accessors, vector_offsets
@@ -63,6 +70,7 @@ from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .fp8 import FORMATS as FP8_FORMATS
 from .fp8 import fp8_vector_accessors, load16_fp8, store_as, to_f32_any
+from .guard import block_of, length_of
 from .vector import load16
 
 from .warp_reduce import (  # noqa: F401  (kernels.decode.lane_reducer etc., as before)
@@ -86,13 +94,15 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ``block_tables [num_seqs, max_blocks]`` int32, ``seq_lens [num_seqs]``
     int32, ``scale`` float32, ``partition_size`` int32, ``alibi_slopes
     [num_heads]`` float32 (zeros for none), ``soft_cap`` float32 (0 for
-    none), ``window`` int32 (0 for none). Launch with grid ``(num_heads //
+    none), ``window`` int32 (0 for none), ``errors [4]`` int64 (the cache's
+    error word: :mod:`.guard`). Launch with grid ``(num_heads //
     heads_per_block, num_seqs, num_partitions)`` and ``32 * num_warps``
     threads.
 
     An fp8 ``dtype`` (``"float8_e4m3fn"``, ``"float8_e5m2"``: ``uint8`` pools,
     16 codes a 16-byte vector) adds a last argument ``kv_scales [2,
-    num_kv_heads]`` float32 (K's scale of each KV head, then V's).
+    num_kv_heads]`` float32 (K's scale of each KV head, then V's), after
+    ``errors``.
     The codes are decoded exactly to float32 as they are read from the copy
     ring (``kernels.fp8``); K's scale of the block's KV head is folded into
     the query's scale (``q * (scale * log2 e * k_scale)``) and V's into the
@@ -195,14 +205,21 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
         return ((stage * CPS + c) * NT + tid) * VEC
 
     @device_function
-    def issue(ring, key_cache, value_cache, block_tables, seq, kvh, s0, end, stage, g, lane_r,
-              tid):
+    def issue(ring, key_cache, value_cache, block_tables, errors, seq, kvh, s0, end, stage, g,
+              lane_r, tid):
         """Start copying the vectors of the step's tokens ``s0 + u * TPW + g``
-        (those below ``end``) into ``stage`` of the ring, as one group."""
+        (those below ``end``) into ``stage`` of the ring, as one group. A table
+        entry that is not a block of the pool copies block 0; it is recorded
+        after the copies are issued (the rare path reads the entries again:
+        fewer registers than recording in the loop)."""
+        bad = False
         for u in range(U):
             t = s0 + u * TPW + g
             if t < end:
                 blk = block_tables[seq, t // BLOCK_SIZE]
+                if uint32(blk) >= uint32(key_cache.shape[0]):
+                    bad = True
+                    blk = int32(0)
                 off = t % BLOCK_SIZE
                 for i in range(VPL):
                     v = lane_r + i * LPR
@@ -213,10 +230,15 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                             copy16_async(ring, chunk(stage, (U + u) * VPL + i, tid), value_cache,
                                          v_flat(value_cache, blk, kvh, off, v))
         commit_group()
+        if bad:
+            for u in range(U):
+                t = s0 + u * TPW + g
+                if t < end:
+                    block_of(block_tables, errors, seq, t // BLOCK_SIZE, key_cache.shape[0])
 
     @device_function
     def decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
-               partition_size, alibi_slopes, soft_cap, window, kv_scales):
+               partition_size, alibi_slopes, soft_cap, window, errors, kv_scales):
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
@@ -229,7 +251,8 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
-        seq_len = seq_lens[seq]
+        # clamped into what the table's row holds (so its reads stay in it)
+        seq_len = length_of(seq_lens, errors, seq, block_tables.shape[1] * BLOCK_SIZE)
         qpos = seq_len - 1                   # the query is the newest token
         first = 0 if window <= 0 else max(seq_len - window, 0)   # sliding window: qpos - k < window
         start = max(part * partition_size, first)
@@ -277,14 +300,14 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
             nsteps = (end - start - warp * STEP + NW * STEP - 1) // (NW * STEP)
         for j in range(STAGES - 1):                 # fill the ring
             if j < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, kvh,
+                issue(ring, key_cache, value_cache, block_tables, errors, seq, kvh,
                       start + (warp + j * NW) * STEP, end, j, g, lane_r, tid)
             else:
                 commit_group()
         for j in range(nsteps):
             nxt = j + STAGES - 1
             if nxt < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, kvh,
+                issue(ring, key_cache, value_cache, block_tables, errors, seq, kvh,
                       start + (warp + nxt * NW) * STEP, end, nxt % STAGES, g, lane_r, tid)
             else:
                 commit_group()
@@ -359,8 +382,11 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                         if STAGE_V:
                             load_kv(ring, chunk(stage, (U + u) * VPL + i, tid), vr, i * VEC)
                         else:
-                            v_vec(value_cache, block_tables[seq, t // BLOCK_SIZE], kvh,
-                                  t % BLOCK_SIZE, v, vr, i * VEC)
+                            # the keys' copy of token t has recorded a bad entry
+                            blk = block_tables[seq, t // BLOCK_SIZE]
+                            if uint32(blk) >= uint32(key_cache.shape[0]):
+                                blk = int32(0)
+                            v_vec(value_cache, blk, kvh, t % BLOCK_SIZE, v, vr, i * VEC)
                     else:
                         for e in range(VEC):
                             vr[i * VEC + e] = 0.0
@@ -385,17 +411,18 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
         @cuda.jit
         def paged_decode_fp8_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                     seq_lens, scale, partition_size, alibi_slopes, soft_cap,
-                                    window, kv_scales):
+                                    window, errors, kv_scales):
             decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                   partition_size, alibi_slopes, soft_cap, window, kv_scales)
+                   partition_size, alibi_slopes, soft_cap, window, errors, kv_scales)
 
         return paged_decode_fp8_kernel
 
     @cuda.jit
     def paged_decode_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                            seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
+                            seq_lens, scale, partition_size, alibi_slopes, soft_cap, window,
+                            errors):
         decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
-               partition_size, alibi_slopes, soft_cap, window, alibi_slopes)   # no scales
+               partition_size, alibi_slopes, soft_cap, window, errors, alibi_slopes)  # no scales
 
     return paged_decode_kernel
 

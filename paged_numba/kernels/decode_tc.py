@@ -35,7 +35,12 @@ reads or its P @ V):
 * P @ V in fp32 FMAs: lane ``(g, lr)`` accumulates value vector ``lr`` of
   its tokens for every head of the group; the running output is rescaled only
   when a head's maximum grew (a warp vote);
-* epilogue: ``kernels.decode.warp_merger``, shared with that kernel.
+* epilogue: ``kernels.decode.warp_merger``, shared with that kernel;
+* out-of-range lengths and block ids are clamped and recorded as in
+  ``kernels.decode`` (:mod:`.guard`); with the prefetch a block id is checked
+  where the lanes load their window of them (a lane that saw a bad one
+  records it after the loop, the recording code out of the loop's way), and
+  the copies' own reads of it only clamp.
 
 Variants (other rounding; ``paged_decode``'s and ``DecodePlan``'s ``pv_mma``
 and ``key_rows`` options choose them, by default ``pv_mma`` everywhere and
@@ -55,6 +60,7 @@ from .access import device_function, row_strides, vector_accessors, vector_offse
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, STORAGE, lane_reducer, warp_merger
+from .guard import block_of, length_of
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .decode_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
     DTYPES, HEAD_SIZES, LAYOUTS, MAX_HPB, MAX_SHARED_BYTES, SATURATING_WARP_DIMS, STEP,
@@ -182,26 +188,40 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         return w
 
     @device_function
-    def token_at(block_tables, seq, s, lo, hi):
-        """``(physical block, offset in it)`` of token ``s`` moved into ``[lo, hi]``
-        (a token outside reads a neighbour inside: finite data, masked out)."""
-        t = int32(min(max(s, lo), hi))
-        b = int32(uint32(t) // uint32(BLOCK_SIZE))
-        return block_tables[seq, b], int32(t - b * BLOCK_SIZE)
+    def block_at(block_tables, errors, seq, b, nb):
+        """``block_tables[seq, b]`` if it is a block of the pool (``[0, nb)``),
+        else 0. With the prefetch every table read of a step reads the block of
+        its first token, which the window's load has checked (``step_blocks``,
+        recorded after the loop): here it is only kept in the pool."""
+        if PREFETCH:
+            blk = block_tables[seq, b]
+            return blk if uint32(blk) < uint32(nb) else int32(0)
+        return block_of(block_tables, errors, seq, b, nb)
 
     @device_function
-    def step_blocks(block_tables, seq, astart, warp, j0, end, lane):
+    def token_at(block_tables, errors, nb, seq, s, lo, hi):
+        """``(physical block, offset in it)`` of token ``s`` moved into ``[lo, hi]``
+        (a token outside reads a neighbour inside: finite data, masked out);
+        ``nb``: the pool's blocks."""
+        t = int32(min(max(s, lo), hi))
+        b = int32(uint32(t) // uint32(BLOCK_SIZE))
+        return block_at(block_tables, errors, seq, b, nb), int32(t - b * BLOCK_SIZE)
+
+    @device_function
+    def step_blocks(block_tables, nb, seq, astart, warp, j0, end, lane):
         """Lane ``lane``'s entry of the warp's block-number window: the block
-        of the first token of step ``j0 + lane`` (0 past the end)."""
+        of the first token of step ``j0 + lane`` (0 past the end), and whether
+        the table held an id outside the pool there instead (then 0)."""
         s = int32(astart + (warp + (j0 + lane) * NW) * STEP)
         blk = int32(0)
         if s < end:
             blk = block_tables[seq, uint32(s) // uint32(BLOCK_SIZE)]
-        return blk
+        bad = uint32(blk) >= uint32(nb)
+        return (int32(0) if bad else blk), bad
 
     @device_function
-    def issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows, s0, lo, hi,
-              stage, r, g, tid, blk, vsw):
+    def issue(ring, key_cache, value_cache, block_tables, errors, nb, seq, krows, vrows, s0, lo,
+              hi, stage, r, g, tid, blk, vsw):
         """Copy the step's key vectors (token ``s0 + r``) and value vectors
         (tokens ``s0 + g + k * TG``) into ``stage`` of the ring, as one group;
         tokens outside ``[lo, hi]`` copy token ``lo`` or ``hi`` instead."""
@@ -211,7 +231,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if ONE_BLOCK and s0 >= lo and int32(s0 + STEP - 1) <= hi:
             b = int32(uint32(s0) // uint32(BLOCK_SIZE))
             if not PREFETCH:
-                blk = block_tables[seq, b]
+                blk = block_of(block_tables, errors, seq, b, nb)
             off = int32(s0 - b * BLOCK_SIZE)
             vt = wide(blk, v_blk) + int32(vb0 + (off + g) * v_tok)
             if KR:
@@ -229,27 +249,27 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                                  vt + int32((k * TG) * v_tok))
         elif KR:        # keys and values of token g + k * TG: one table load each
             for k in range(TPL):
-                bt, off = token_at(block_tables, seq, s0 + g + k * TG, lo, hi)
+                bt, off = token_at(block_tables, errors, nb, seq, s0 + g + k * TG, lo, hi)
                 kt = wide(bt, k_blk) + int32(kb0 + off * k_tok)
                 copy16_async(ring, swizzled(stage, k, k, tid, vsw), key_cache, kt)
                 if STAGE_V:
                     vt = wide(bt, v_blk) + int32(vb0 + off * v_tok)
                     copy16_async(ring, vdst(stage, k, tid, vsw), value_cache, vt)
         else:
-            bt, off = token_at(block_tables, seq, s0 + r, lo, hi)
+            bt, off = token_at(block_tables, errors, nb, seq, s0 + r, lo, hi)
             kt = wide(bt, k_blk) + int32(kb0 + off * k_tok)
             for i in range(KV4):
                 copy16_async(ring, chunk(stage, i, tid), key_cache, kt + i * k_v4)
             if STAGE_V:
                 for k in range(TPL):
-                    bt, off = token_at(block_tables, seq, s0 + g + k * TG, lo, hi)
+                    bt, off = token_at(block_tables, errors, nb, seq, s0 + g + k * TG, lo, hi)
                     vt = wide(bt, v_blk) + int32(vb0 + off * v_tok)
                     copy16_async(ring, vdst(stage, k, tid, vsw), value_cache, vt)
         commit_group()
 
     @device_function
     def pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                 value_cache, block_tables, seq, kvh, lr):
+                 value_cache, block_tables, errors, nb, seq, kvh, lr):
         """Add value token ``g + k * TG`` of the step, weighted by each head's
         probability, to the lane's running outputs."""
         if STAGE_V:
@@ -257,7 +277,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         else:   # a token outside [start, end) reads a neighbour inside (p = 0)
             t = int32(min(max(s0 + g + k * TG, start), hi))
             b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            v_vec(value_cache, block_tables[seq, b], kvh, t - b * BLOCK_SIZE, lr, vr, 0)
+            v_vec(value_cache, block_at(block_tables, errors, seq, b, nb), kvh,
+                  t - b * BLOCK_SIZE, lr, vr, 0)
         for h4 in range(0, HP4, 4):
             load16(p_s, (warp * STEP + g + k * TG) * MAX_HPB + h4, pr, h4)
         for hh in range(HPB):
@@ -265,13 +286,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 acc[hh, e] += pr[hh] * vr[e]
 
     @device_function
-    def gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0, start, hi,
-                      g, lr, vsw):
+    def gather_values(ring, stage, tid, value_cache, block_tables, errors, nb, seq, kvh, s0,
+                      start, hi, g, lr, vsw):
         """P @ V on tensor cores with "vllm" value rows (strided by the block
         size, so not ``cp.async``): store the lane's value vectors where the
         other layouts' copies put them, element by element."""
         for k in range(TPL):
-            blk, tok = token_at(block_tables, seq, s0 + g + k * TG, start, hi)
+            blk, tok = token_at(block_tables, errors, nb, seq, s0 + g + k * TG, start, hi)
             base = vdst(stage, k, tid, vsw)
             for e in range(VEC):
                 ring[base + e] = value_cache[blk, kvh, lr * VEC + e, tok]
@@ -279,7 +300,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))
     def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                               seq_lens, scale, partition_size, alibi_slopes, soft_cap, window):
+                               seq_lens, scale, partition_size, alibi_slopes, soft_cap, window,
+                               errors):
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
@@ -293,7 +315,9 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         group = query.shape[1] // key_cache.shape[KV_HEAD_AXIS]
         h0 = hb * HPB
         kvh = h0 // group
-        seq_len = int32(seq_lens[seq])
+        nb = int32(key_cache.shape[0])       # blocks of the pool: table entries in [0, nb)
+        # clamped into what the table's row holds (so its reads stay in it)
+        seq_len = int32(length_of(seq_lens, errors, seq, block_tables.shape[1] * BLOCK_SIZE))
         qpos = int32(seq_len - 1)
         first = int32(0 if window <= 0 else max(seq_len - window, 0))
         start = int32(max(part * partition_size, first))
@@ -360,14 +384,15 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if astart + warp * STEP < end:
             nsteps = int32((end - astart - warp * STEP + NW * STEP - 1) // (NW * STEP))
         tab_win = int32(0)
+        bad = False              # this lane's windows held an id outside the pool
         if PREFETCH:
-            tab_win = step_blocks(block_tables, seq, astart, warp, 0, end, lane)
+            tab_win, bad = step_blocks(block_tables, nb, seq, astart, warp, 0, end, lane)
         for j in range(STAGES - 1):                 # fill the ring
             blk = int32(0)
             if PREFETCH:
                 blk = cuda.shfl_sync(FULL_MASK, tab_win, j)
             if j < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
+                issue(ring, key_cache, value_cache, block_tables, errors, nb, seq, krows, vrows,
                       int32(astart + (warp + j * NW) * STEP), start, hi, j, r, g, tid, blk,
                       vsw)
             else:
@@ -381,10 +406,12 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             blk = int32(0)
             if PREFETCH:
                 if nxt & 31 == 0:
-                    tab_win = step_blocks(block_tables, seq, astart, warp, nxt, end, lane)
+                    tab_win, bad_win = step_blocks(block_tables, nb, seq, astart, warp, nxt, end,
+                                                   lane)
+                    bad = bad or bad_win
                 blk = cuda.shfl_sync(FULL_MASK, tab_win, nxt & 31)
             if nxt < nsteps:
-                issue(ring, key_cache, value_cache, block_tables, seq, krows, vrows,
+                issue(ring, key_cache, value_cache, block_tables, errors, nb, seq, krows, vrows,
                       int32(astart + (warp + nxt * NW) * STEP), start, hi, nxt_stage, r, g, tid,
                       blk, vsw)
             else:
@@ -393,8 +420,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             wait_stages()                           # this step's group has landed
             s0 = int32(astart + (warp + j * NW) * STEP)
             if PV and not STAGE_V:
-                gather_values(ring, stage, tid, value_cache, block_tables, seq, kvh, s0,
-                              start, hi, g, lr, vsw)
+                gather_values(ring, stage, tid, value_cache, block_tables, errors, nb, seq, kvh,
+                              s0, start, hi, g, lr, vsw)
             if PV or KR:
                 cuda.syncwarp()                      # every lane's rows are in the ring
             # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
@@ -482,24 +509,27 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             if not unroll_pv:
                 for k in range(TPL):
                     pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                             value_cache, block_tables, seq, kvh, lr)
+                             value_cache, block_tables, errors, nb, seq, kvh, lr)
             else:                                   # TPL is 1, 2, 4 or 8
                 pv_token(0, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                         value_cache, block_tables, seq, kvh, lr)
+                         value_cache, block_tables, errors, nb, seq, kvh, lr)
                 if TPL > 1:
                     pv_token(1, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                             value_cache, block_tables, seq, kvh, lr)
+                             value_cache, block_tables, errors, nb, seq, kvh, lr)
                 if TPL > 2:
                     pv_token(2, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                             value_cache, block_tables, seq, kvh, lr)
+                             value_cache, block_tables, errors, nb, seq, kvh, lr)
                     pv_token(3, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                             value_cache, block_tables, seq, kvh, lr)
+                             value_cache, block_tables, errors, nb, seq, kvh, lr)
                 if TPL > 4:
                     for k in range(4, TPL):
                         pv_token(k, acc, vr, pr, ring, stage, tid, p_s, warp, g, s0, start, hi,
-                                 value_cache, block_tables, seq, kvh, lr)
+                                 value_cache, block_tables, errors, nb, seq, kvh, lr)
             stage = int32(stage + 1 if stage + 1 < STAGES else 0)
 
+        if bad:   # rare: record it (the entries of the partition's steps, read again)
+            for b in range(astart // BLOCK_SIZE, (end + BLOCK_SIZE - 1) // BLOCK_SIZE):
+                block_of(block_tables, errors, seq, b, nb)
         # -- epilogue: the warp's state, then the warps merged with the (m, l) rule
         l_run = quad_sum(l_run)
         if c == 0 and r < HPB:

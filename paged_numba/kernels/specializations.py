@@ -36,11 +36,13 @@ def _pools(layout, dtype):
 
 def decode_signatures(dtype, layout, query_dtype="float16"):
     """Argument types of the decode kernel: unsplit (output in ``dtype``) and split (fp32 partials).
-    An fp8 cache takes ``query_dtype`` queries (the unsplit output's dtype) and its scales last."""
+    The error word (int64) comes last, but for an fp8 cache, which takes ``query_dtype``
+    queries (the unsplit output's dtype) and its scales after it."""
     fp8 = dtype.startswith("float8")
     q_dtype = query_dtype if fp8 else dtype
     tail = (_arr(q_dtype, 3), *_pools(layout, dtype), _arr("int32", 2), _arr("int32", 1),
-            types.float32, types.int32, _arr("float32", 1), types.float32, types.int32)
+            types.float32, types.int32, _arr("float32", 1), types.float32, types.int32,
+            _arr("int64", 1))
     tail += (_arr("float32", 2),) if fp8 else ()
     return [(_arr(out_dtype, 4), _arr("float32", 3), *tail) for out_dtype in (q_dtype, "float32")]
 
