@@ -62,7 +62,7 @@ KV head's group handled together so that each K/V byte is read once):
 import functools
 import math
 
-from numba import cuda, float32, int32, uint8, uint16, uint32
+from numba import cuda, float32, int32, uint8, uint16
 from numba.core.types import float16
 
 from .access import device_function, vector_accessors, vector_offsets
@@ -70,7 +70,7 @@ from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .fp8 import FORMATS as FP8_FORMATS
 from .fp8 import fp8_vector_accessors, load16_fp8, store_as, to_f32_any
-from .guard import block_of, length_of
+from .guard import block_of, length_of, outside
 from .vector import load16
 
 from .warp_reduce import (  # noqa: F401  (kernels.decode.lane_reducer etc., as before)
@@ -217,7 +217,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
             t = s0 + u * TPW + g
             if t < end:
                 blk = block_tables[seq, t // BLOCK_SIZE]
-                if uint32(blk) >= uint32(key_cache.shape[0]):
+                if outside(blk, key_cache.shape[0]):
                     bad = True
                     blk = int32(0)
                 off = t % BLOCK_SIZE
@@ -384,7 +384,7 @@ def decode_kernel(head_size, block_size, heads_per_block, dtype, layout,
                         else:
                             # the keys' copy of token t has recorded a bad entry
                             blk = block_tables[seq, t // BLOCK_SIZE]
-                            if uint32(blk) >= uint32(key_cache.shape[0]):
+                            if outside(blk, key_cache.shape[0]):
                                 blk = int32(0)
                             v_vec(value_cache, blk, kvh, t % BLOCK_SIZE, v, vr, i * VEC)
                     else:

@@ -60,7 +60,7 @@ from .access import device_function, row_strides, vector_accessors, vector_offse
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, LOG2E, NEG_INF, STORAGE, lane_reducer, warp_merger
-from .guard import block_of, length_of
+from .guard import block_of, length_of, outside
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .decode_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
     DTYPES, HEAD_SIZES, LAYOUTS, MAX_HPB, MAX_SHARED_BYTES, SATURATING_WARP_DIMS, STEP,
@@ -195,7 +195,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         recorded after the loop): here it is only kept in the pool."""
         if PREFETCH:
             blk = block_tables[seq, b]
-            return blk if uint32(blk) < uint32(nb) else int32(0)
+            return int32(0) if outside(blk, nb) else blk
         return block_of(block_tables, errors, seq, b, nb)
 
     @device_function
@@ -216,7 +216,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         blk = int32(0)
         if s < end:
             blk = block_tables[seq, uint32(s) // uint32(BLOCK_SIZE)]
-        bad = uint32(blk) >= uint32(nb)
+        bad = outside(blk, nb)
         return (int32(0) if bad else blk), bad
 
     @device_function

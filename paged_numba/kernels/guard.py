@@ -12,7 +12,7 @@ the index into the argument, ``value`` what was there. The first offence
 wins (a compare-and-swap on ``code``); the host reads the word when asked
 (:meth:`paged_numba.PagedKVCache.check`).
 """
-from numba import cuda, int32, int64, uint32
+from numba import config, cuda, int32, int64, uint32
 
 from .convert import device_function
 
@@ -37,12 +37,24 @@ def offend(errors, code, where, entry, value):
         errors[3] = int64(value)
 
 
+if config.ENABLE_CUDASIM:
+    def outside(x, n):
+        """Whether ``x`` is outside ``[0, n)`` (``n >= 0``); under the simulator
+        as two Python compares (its ``uint32`` casts cost microseconds)."""
+        return x < 0 or x >= n
+else:
+    @device_function
+    def outside(x, n):
+        """Whether ``x`` is outside ``[0, n)`` (``n >= 0``): one unsigned compare."""
+        return uint32(x) >= uint32(n)
+
+
 @device_function
 def block_of(block_tables, errors, seq, b, num_blocks):
     """``block_tables[seq, b]`` if it is a block of the pool (``[0,
     num_blocks)``); else 0, the offence recorded."""
     blk = block_tables[seq, b]
-    if uint32(blk) >= uint32(num_blocks):
+    if outside(blk, num_blocks):
         offend(errors, BLOCK, seq, b, blk)
         blk = int32(0)
     return blk
@@ -53,7 +65,7 @@ def length_of(seq_lens, errors, seq, cap):
     """``seq_lens[seq]`` clamped into ``[0, cap]`` (``cap``: the tokens a table
     row holds), the offence recorded where it had to be."""
     n = seq_lens[seq]
-    if uint32(n) > uint32(cap):
+    if outside(n, cap + 1):
         offend(errors, SEQ_LEN, seq, seq, n)
         n = int32(0) if n < 0 else int32(cap)
     return n
