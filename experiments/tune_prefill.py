@@ -14,8 +14,11 @@ producer warpgroup does the copies, ``w<N>`` counts the other warps), ``-sw``
 (with ``-wg``: the swizzled tile layout), ``-s<N>`` (with ``-ws``: N ring
 stages), ``-pp`` (with ``-ws``, 8 warps: the consumer warpgroups take turns), ``-h<N>`` (N query heads a tile,
 up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
-decode), ``-p<N>`` (split-K in N parts); ``default`` (the plan's default
-tiling and options) or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
+decode), ``-p<N>`` (split-K in N parts), ``-ps`` (with ``-pp``: persistent blocks, one a
+multiprocessor), ``-ng`` (the kernel built without the device guard, to time
+what the guard costs: only for valid tables); ``default`` (the plan's default
+tiling and options, ``default-ng`` without the guard) or ``cuda-cores`` (the
+fp32 CUDA-core kernel, default tiling).
 
 Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
 16, random block tables, as in ``bench_prefill.py``) and ``decode-64x4096``
@@ -27,9 +30,12 @@ Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
 
 Timing: CUDA events around each launch, a 256 MB write between launches to
 flush L2, the median of ``--reps``; SDPA (contiguous K/V, ``is_causal``) is
-timed in the same process the same way.
+timed in the same process the same way. ``--rounds N`` times every variant N
+times in turn and reports the median of the rounds (for differences of a
+few percent, such as the guard's: ``--variants default default-ng``).
 """
 import argparse
+import functools
 import re
 import statistics
 
@@ -40,6 +46,7 @@ from numba import cuda
 
 import paged_numba as pn
 from paged_numba import _launch
+from paged_numba.kernels import prefill_tc
 
 # case: (number of sequences, query tokens each, keys each); a decode case's one
 # query sees every key (bottom-right causal)
@@ -103,10 +110,20 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "fx": ("fast_exp2", True), "fma": ("fma_softmax", True), "tok": ("token_copies", True),
            "mt2": ("m_tiles", 2), "wg": ("wgmma", True),
            "ws": ("producer", True), "sw": ("swizzle", True),
-           "pp": ("pingpong", True)}
+           "pp": ("pingpong", True), "ps": ("persistent", True)}
 
 
 def variant_plan(name, cache, cu, lens, num_heads):
+    """The plan of variant ``name``; ``-ng`` swaps in its kernel built without
+    the device guard."""
+    if name.endswith("-ng"):
+        plan = variant_plan(name[:-3], cache, cu, lens, num_heads)
+        if not plan.tensor_cores:
+            raise SystemExit(f"-ng applies to the tensor-core kernel, not {name!r}")
+        plan._kernel = prefill_tc.prefill_tc_kernel(
+            cache.head_size, cache.block_size, plan.heads_per_block, plan.block_n,
+            cache.dtype.name, cache.layout, plan.num_warps, **plan.kernel_options, guard=False)
+        return plan
     if name == "cuda-cores":
         return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=False)
     if name == "default":
@@ -135,17 +152,11 @@ def variant_plan(name, cache, cu, lens, num_heads):
                           num_parts=parts)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", default="causal-8x2048", choices=sorted(CASES))
-    ap.add_argument("--variants", nargs="+", default=["w8n64", "w4n64"])
-    ap.add_argument("--head-size", type=int, default=128)
-    ap.add_argument("--heads", type=int, nargs=2, default=(32, 8))
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
-    batch, q_len, kv_len = CASES[args.case]
+def run_case(case, args):
+    """Time SDPA and every variant on ``case``: ``args.rounds`` rounds, each
+    variant once a round in turn (so that a drift of the clocks spreads over
+    all of them), the median of the rounds' medians."""
+    batch, q_len, kv_len = CASES[case]
     lens = [kv_len] * batch
     H, Hk = args.heads
     cache, k_pool, v_pool, table, q = make(q_len, lens, H, Hk, args.head_size, args.block_size,
@@ -160,13 +171,14 @@ def main():
     ref = F.scaled_dot_product_attention(qq.float(), kk.float(), vv.float(), is_causal=causal,
                                          enable_gqa=True)
     ref = ref.transpose(1, 2).reshape(q.shape)
-    us = timed(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal,
-                                                      enable_gqa=True), args.reps, flush)
-    print(f"{torch.cuda.get_device_name()} {args.case} hs={args.head_size} {args.dtype} "
-          f"bs={args.block_size} heads={H}/{Hk}: {flops / 1e9:.1f} GFLOP", flush=True)
-    print(f"{'torch_sdpa':>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
+    print(f"{torch.cuda.get_device_name()} {case} hs={args.head_size} {args.dtype} "
+          f"bs={args.block_size} heads={H}/{Hk}: {flops / 1e9:.1f} GFLOP, "
+          f"{args.rounds} round(s) of {args.reps}", flush=True)
     store = torch.uint16 if args.dtype == "bfloat16" else q.dtype
     dq, dt = cuda.as_cuda_array(q.view(store)), cuda.as_cuda_array(table)
+    calls = {"torch_sdpa": lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal,
+                                                                  enable_gqa=True)}
+    notes = {"torch_sdpa": ""}
     for name in args.variants:
         try:
             plan = variant_plan(name, cache, cu, seq_lens, H)
@@ -174,15 +186,39 @@ def main():
             torch.cuda.synchronize()
             rel = float((out.float() - ref).norm() / ref.norm())
             worst = float((out.float() - ref).abs().max())
-            us = timed(lambda: plan.run(dq, dt), args.reps, flush)
             kern = next(iter(plan._kernel.overloads.values()))
-            regs = kern.regs_per_thread
             spill = getattr(kern, "local_mem_per_thread", "")
-            print(f"{name:>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s  rel {rel:.2e} "
-                  f"max {worst:.2e}  regs {regs} local {spill} "
-                  f"smem {_launch.dynamic_shared(plan._kernel)}", flush=True)
+            calls[name] = functools.partial(plan.run, dq, dt)
+            notes[name] = (f" rel {rel:.2e} max {worst:.2e}  regs {kern.regs_per_thread} "
+                           f"local {spill} smem {_launch.dynamic_shared(plan._kernel)}")
         except Exception as exc:  # noqa: BLE001 - try the next variant
             print(f"{name:>24} failed: {exc!r}", flush=True)
+    times = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            times[name].append(timed(call, args.reps, flush))
+    for name, ts in times.items():
+        us = statistics.median(ts)
+        spread = f" (rounds {min(ts):.1f}-{max(ts):.1f})" if len(ts) > 1 else ""
+        print(f"{name:>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s{spread}{notes[name]}",
+              flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", nargs="+", default=["causal-8x2048"], choices=sorted(CASES),
+                    help="one or more (the kernels compile once)")
+    ap.add_argument("--variants", nargs="+", default=["w8n64", "w4n64"])
+    ap.add_argument("--head-size", type=int, default=128)
+    ap.add_argument("--heads", type=int, nargs=2, default=(32, 8))
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    for case in args.case:
+        run_case(case, args)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -102,7 +102,21 @@ _OPTION_CHECKS = {
     "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
     "stages": lambda name, v: None if v is None else C.integer(name, v, lo=3, hi=7),
     "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
+    # True (one block a multiprocessor) or a number of blocks
+    "persistent": lambda name, v: (bool(v) if isinstance(v, (bool, np.bool_))
+                                   else C.integer(name, v, lo=1, hi=2**31 - 1)),
 }
+
+
+def persistent_blocks(persistent, items, sm_count):
+    """The grid's blocks of the persistent kernel: ``persistent`` blocks (or,
+    for ``True``, one a multiprocessor), no more than there are work items.
+
+    >>> [persistent_blocks(*a) for a in ((True, 4096, 132), (3, 8, 132), (True, 5, 132))]
+    [132, 3, 5]
+    """
+    want = sm_count if persistent is True else int(persistent)
+    return max(1, min(want, items))
 
 
 def _kernel_options(kernel_options):

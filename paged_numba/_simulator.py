@@ -150,6 +150,22 @@ class _NamedBarrier:
                     raise RuntimeError("abort flag set in a named barrier")
 
 
+def _checked_run(run):
+    """``BlockManager.run`` that raises if the block ends with a named barrier
+    partly arrived at (an arrival no thread waited for: a barrier the next
+    use would complete early, undefined on the GPU)."""
+    @functools.wraps(run)
+    def checked(self, grid_point, *args):
+        result = run(self, grid_point, *args)
+        for barrier, state in sorted(getattr(self, "_paged_numba_barriers", {}).items()):
+            if state.arrived:
+                raise RuntimeError(f"block {tuple(int(g) for g in grid_point)} ended with "
+                                   f"named barrier {barrier} at {state.arrived} of "
+                                   f"{state.count} arrivals")
+        return result
+    return checked
+
+
 def named_barrier(barrier, count, wait):
     """Arrive at the caller's block's named barrier ``barrier`` of ``count``
     threads; with ``wait``, also wait for it to complete (``bar.sync``), else
@@ -278,7 +294,8 @@ def install():
     ``any_sync``, ``all_sync``, ``eq_sync``, ``match_any_sync`` and
     ``match_all_sync`` (on ``numba.cuda`` as well, with ``syncthreads`` and
     ``atomic``, for
-    device functions that live outside the kernel's module), makes ``cuda.shared.array`` thread-safe (see
+    device functions that live outside the kernel's module), has a block that
+    ends with a named barrier partly arrived at raise, makes ``cuda.shared.array`` thread-safe (see
     :func:`_shared_array`), and sets ``sys.setswitchinterval(1e-4)`` because the
     simulator busy-polls its threads. Calling it again does nothing.
 
@@ -310,6 +327,8 @@ def install():
             setattr(numba.cuda, fn.__name__, functools.partial(fn, None))
     if not hasattr(numba.cuda, "syncthreads"):
         numba.cuda.syncthreads = lambda: threading.current_thread().syncthreads()
+    from numba.cuda.simulator.kernel import BlockManager
+    BlockManager.run = _checked_run(BlockManager.run)
     if not hasattr(numba.cuda, "atomic"):           # the simulator's atomics lock globally
         from numba.cuda.simulator.kernelapi import FakeCUDAAtomic
         numba.cuda.atomic = FakeCUDAAtomic()

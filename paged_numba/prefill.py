@@ -14,8 +14,8 @@ from .kernels.prefill_wgmma_ws import STAGES as WS_STAGES, ws_shared_bytes
 from .kernels.merge import merge_kernel
 from .kernels.prefill import SHARED_LIMIT, prefill_config, prefill_kernel, shared_bytes
 from ._prefill_plan import (  # noqa: F401  (prefill.plan_tiles etc., as before)
-    _OPTION_CHECKS, _compute_capability, _host_int, _kernel_options, _knob, plan_tiles,
-    uses_tensor_cores)
+    _OPTION_CHECKS, _compute_capability, _host_int, _kernel_options, _knob, persistent_blocks,
+    plan_tiles, uses_tensor_cores)
 
 
 class PrefillPlan:
@@ -61,7 +61,7 @@ class PrefillPlan:
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
-        ``pingpong``), for studying its variants; they
+        ``pingpong``, ``persistent``), for studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
         (:mod:`paged_numba.kernels.prefill_wgmma`; sm_90 GPUs and the
@@ -70,7 +70,9 @@ class PrefillPlan:
         (:mod:`paged_numba.kernels.prefill_wgmma_ws`; ``num_warps`` 4 or 8
         counts the others; ``stages`` its ring, 3 to 7, default 4;
         ``pingpong=True``: two consumer warpgroups take turns at the tensor
-        cores, at most 4 stages), and ``swizzle=True`` lays the tiles out in
+        cores, at most 4 stages; ``persistent``, with turns: ``True`` for one
+        thread block a multiprocessor, or a number of blocks, each taking
+        several tiles in turn), and ``swizzle=True`` lays the tiles out in
         the swizzled layout.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
@@ -159,6 +161,9 @@ class PrefillPlan:
             self._parts = (_arrays.zeros((self.total_q, self.num_parts, num_heads, d), np.float32),
                            _arrays.zeros((self.total_q, self.num_parts, num_heads), np.float32))
             options["split_k"] = True
+        persistent = options.get("persistent", False)
+        if persistent is not False:     # the factory takes a flag, the grid the blocks
+            options["persistent"] = True
         #: the tensor-core kernel factory's keyword arguments ({} on CUDA cores)
         self.kernel_options = dict(options) if self.tensor_cores else {}
         if self.tensor_cores:
@@ -170,6 +175,10 @@ class PrefillPlan:
                                           self.block_n, cache.dtype.name, cache.layout,
                                           self.num_warps)
         self._grid = (self.num_tiles, num_heads // self.heads_per_block, self.num_parts)
+        if persistent is not False:     # (tile, head block) items, taken in turn
+            items = self.num_tiles * (num_heads // self.heads_per_block)
+            self._grid = (persistent_blocks(persistent, items, _arrays.sm_count()), 1,
+                          self.num_parts)
         self._inputs = None
         self._launch = None
         self._like = LikeInput()

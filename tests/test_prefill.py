@@ -97,6 +97,10 @@ WG_ONE = dict(WG, block_n=16, num_warps=4) if SIM else WG
 WS_LONG = _problem([40, 3], [100, 20],
                    [[9, 3, 0, 7, 5, 10, 11, 12, 4, 13, 14, 15, 16], [1, 8, 2] + [-1] * 10], 8,
                    head_size=32, num_heads=2, dtype="float16")
+# two KV heads of 2 query heads, a tile a sequence: 8 (tile, head block) items
+# at one head a tile, 4 at two
+WS_HEADS = _problem([40, 3], [40, 20], [[9, 3, 0, 7, 5], [1, 8, 2, -1, -1]], 8,
+                    head_size=32, num_heads=4, num_kv_heads=2, dtype="float16")
 # head size 128: two 128-byte atoms a row in the swizzled layout (k-steps 4.. in the second)
 WG_D128 = _problem([5], [20], [[3, 0, 2]], 8, head_size=128, num_heads=2, dtype="float16")
 WS = dict(tensor_cores=True, kernel_options=dict(wgmma=True, producer=True))
@@ -190,14 +194,25 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
      dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
     (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)), {}),
     (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
-                                                     swizzle=True)), {})],
+                                                     swizzle=True)), {}),
+    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
+                                                     swizzle=True, persistent=1)), {}),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3)), {}),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=2)),
+     dict(sliding_window=30))],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
-         "pingpong"])
+         "pingpong", "persistent-one-block", "persistent-serpentine", "persistent-split-k"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
     ring stages (the empty/full barriers), two consumer warpgroups (also
-    taking turns), the variants with split-K."""
+    taking turns), the variants with split-K; persistent blocks: one block for
+    every tile, three blocks for eight (tile, head block) items of two KV
+    heads (in the serpentine block 0 takes items 0, 5, 6 and block 2 items 2,
+    3; the ring goes on from one item's keys to the next), and two blocks of
+    two items with split-K and a window."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -255,9 +270,9 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        stages=2)))
-    with pytest.raises(ValueError, match="stages and pingpong apply to the producer kernel"):
+    with pytest.raises(ValueError, match="stages, pingpong and persistent apply to the producer"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
-    with pytest.raises(ValueError, match="stages and pingpong apply to the producer kernel"):
+    with pytest.raises(ValueError, match="stages, pingpong and persistent apply to the producer"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, pingpong=True)))
     with pytest.raises(ValueError, match="pingpong needs two consumer warpgroups"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
@@ -265,6 +280,16 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="pingpong needs .* at most 4 stages"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], pingpong=True, stages=5)))
+    with pytest.raises(ValueError, match="persistent=True needs pingpong=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], persistent=True)))
+    with pytest.raises(ValueError,
+                       match=r"kernel_options\['persistent'\] must be a positive integer"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], pingpong=True, persistent=0)))
+    with pytest.raises(ValueError, match="stages, pingpong and persistent apply to the producer"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       persistent=2)))
 
 
 @pytest.mark.parametrize("p, parts, extra", [

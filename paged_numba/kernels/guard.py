@@ -61,6 +61,26 @@ def block_of(block_tables, errors, seq, b, num_blocks):
 
 
 @device_function
+def checked_block(block_tables, seq, b, num_blocks, bad):
+    """``(block, bad)``: ``block_tables[seq, b]`` if it is a block of the pool,
+    else 0 and ``bad = b`` (``bad`` as given otherwise). Selects, no branch:
+    a loop of gathers can issue all its table loads at once and record an
+    offence after its copies (:func:`record_block`), where a branch with a
+    store to ``errors`` after each load would make the loads wait in turn."""
+    blk = block_tables[seq, b]
+    out = outside(blk, num_blocks)
+    return (int32(0) if out else blk), (int32(b) if out else bad)
+
+
+@device_function
+def record_block(block_tables, errors, seq, bad):
+    """Record the offence :func:`checked_block` found at entry ``bad`` (if
+    ``bad >= 0``)."""
+    if bad >= 0:
+        offend(errors, BLOCK, seq, bad, block_tables[seq, bad])
+
+
+@device_function
 def length_of(seq_lens, errors, seq, cap):
     """``seq_lens[seq]`` clamped into ``[0, cap]`` (``cap``: the tokens a table
     row holds), the offence recorded where it had to be."""
@@ -69,3 +89,29 @@ def length_of(seq_lens, errors, seq, cap):
         offend(errors, SEQ_LEN, seq, seq, n)
         n = int32(0) if n < 0 else int32(cap)
     return n
+
+
+@device_function
+def block_unchecked(block_tables, errors, seq, b, num_blocks):
+    """``block_tables[seq, b]`` as it is: :func:`block_of` without the guard,
+    for kernels built with ``guard=False`` to time what the guard costs (an
+    id outside the pool is then followed outside it)."""
+    return block_tables[seq, b]
+
+
+@device_function
+def checked_unchecked(block_tables, seq, b, num_blocks, bad):
+    """:func:`checked_block` without the guard (see :func:`block_unchecked`)."""
+    return block_tables[seq, b], bad
+
+
+@device_function
+def record_nothing(block_tables, errors, seq, bad):
+    """:func:`record_block` without the guard."""
+
+
+@device_function
+def length_unchecked(seq_lens, errors, seq, cap):
+    """``seq_lens[seq]`` as it is: :func:`length_of` without the guard (see
+    :func:`block_unchecked`)."""
+    return seq_lens[seq]

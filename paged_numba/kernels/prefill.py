@@ -60,7 +60,7 @@ from .access import device_function, vector_accessors
 from .convert import codec
 from .fp8 import FORMATS as FP8_FORMATS
 from .fp8 import fp8_vector_accessors, store_as, to_f32_any
-from .guard import block_of, length_of
+from .guard import checked_block, length_of, record_block
 
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
@@ -204,16 +204,19 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
 
         @device_function
         def stage(pool, block_tables, errors, seq, kvh, kt, kn, tid, kv_r, kv_s):
+            bad = int32(-1)
             for u in range(LPT):
                 idx = tid + u * NT
                 n = idx % BN
                 if idx < NLOAD and n < kn:
                     t = kt + n
-                    blk = block_of(block_tables, errors, seq, t // BLOCK_SIZE, pool.shape[0])
+                    blk, bad = checked_block(block_tables, seq, t // BLOCK_SIZE, pool.shape[0],
+                                             bad)
                     vec_fn(pool, blk, kvh, t % BLOCK_SIZE, idx // BN, kv_r, u * VEC)
                 else:
                     for e in range(VEC):
                         kv_r[u * VEC + e] = 0.0
+            record_block(block_tables, errors, seq, bad)    # after the loads: see checked_block
             for u in range(LPT):
                 idx = tid + u * NT
                 if idx < NLOAD:

@@ -62,7 +62,8 @@ from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here t
 def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                       num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
                       fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
-                      wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False):
+                      wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False,
+                      persistent=False, guard=True):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -103,7 +104,12 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     counts the other warps, the launch takes ``block_threads`` threads);
     ``swizzle=True`` (with ``wgmma``) the swizzled tile layout; ``stages``
     (with ``producer``) the K/V tiles in its ring; ``pingpong=True`` (with
-    ``producer``) the consumer warpgroups taking turns at the tensor cores."""
+    ``producer``) the consumer warpgroups taking turns at the tensor cores;
+    ``persistent=True`` (with ``producer``) thread blocks that each take
+    several tiles in turn (grid ``(blocks, 1, num_parts)``, see
+    :func:`kernels.prefill_wgmma_ws.prefill_wgmma_ws_kernel`). ``guard=False``
+    takes table ids and lengths as they are, only to time the device guard
+    (:mod:`kernels.guard`)."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -123,17 +129,21 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            dtype, layout, num_warps, fast_exp2=fast_exp2,
                                            split_k=split_k, swizzle=swizzle,
                                            stages=WS_STAGES if stages is None else stages,
-                                           pingpong=pingpong)
-        if stages is not None or pingpong:
-            raise ValueError(f"stages and pingpong apply to the producer kernel, but got "
-                             f"stages={stages}, pingpong={pingpong} without producer=True")
+                                           pingpong=pingpong, persistent=persistent,
+                                           guard=guard)
+        if stages is not None or pingpong or persistent:
+            raise ValueError(f"stages, pingpong and persistent apply to the producer kernel, but "
+                             f"got stages={stages}, pingpong={pingpong}, persistent={persistent} "
+                             f"without producer=True")
         return prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                                     layout, num_warps, max_registers=max_registers,
-                                    fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle)
-    if producer or swizzle or stages is not None or pingpong:
-        raise ValueError("producer=True, swizzle=True, stages and pingpong need wgmma=True")
+                                    fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle,
+                                    guard=guard)
+    if producer or swizzle or stages is not None or pingpong or persistent:
+        raise ValueError("producer=True, swizzle=True, stages, pingpong and persistent need "
+                         "wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs)
+                   m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs, guard=guard)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS
     NTILE_S, NTILE_O, PV_STEPS, STAGE_V, TPT = P.NTILE_S, P.NTILE_O, P.PV_STEPS, P.STAGE_V, P.TPT
     BN, Q_OFF, KV_OFF, KV_HEAD_AXIS, SMEM_T = P.BN, P.Q_OFF, P.KV_OFF, P.KV_HEAD_AXIS, P.SMEM_T

@@ -23,7 +23,8 @@ from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import LOG2E, STORAGE, lane_reducer
 from .fastmath import exp2_approx
-from .guard import block_of, length_of
+from .guard import (checked_block, checked_unchecked, length_of, length_unchecked,
+                    record_block, record_nothing)
 from .mma import pack_pair
 from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
 
@@ -44,7 +45,8 @@ LN2 = 0.6931471805599453
 @functools.cache
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
-               token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None):
+               token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
+               guard=True):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -54,7 +56,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     atoms of ``min(128, 2 D)``-byte rows, a row group's atoms side by side,
     whole rows copied in turn); ``stages`` is the number of K/V tiles in the
     ring; ``copy_threads`` the threads that run :func:`issue_tile` (default:
-    all ``32 * num_warps``).
+    all ``32 * num_warps``); ``guard=False`` takes table ids and lengths as
+    they are (:func:`kernels.guard.block_unchecked`: only to time the guard).
     """
     D = head_size
     BLOCK_SIZE = block_size
@@ -108,6 +111,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                          f"a token, but got {TPT} for head_size={D}, block_n={BN}, "
                          f"num_warps={NW}")
     exp2 = exp2_approx if fast_exp2 else math.exp2
+    checked_, record_, length_of_ = ((checked_block, record_block, length_of) if guard else
+                                     (checked_unchecked, record_nothing, length_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     SMEM_T = STORAGE[dtype]
     k_flat, v_flat = vector_offsets(layout, 8, BLOCK_SIZE, D)
@@ -170,11 +175,12 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         kbase = KV_OFF + 2 * stage * BN * D
         vbase = kbase + BN * D
         c0 = tid % TPT
+        bad = int32(-1)
         for k in range(TOKS):
             n = tid // TPT + k * (NT // TPT)
             t = int32(min(max(kt + n, lo), last))
             b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            blk = block_of(tables[0], tables[1], seq, b, key_cache.shape[0])
+            blk, bad = checked_(tables[0], seq, b, key_cache.shape[0], bad)
             off = int32(t - b * BLOCK_SIZE)
             ka = wide(blk, kstr[1]) + (kstr[0] + off * kstr[2])
             va = wide(blk, vstr[1]) + (vstr[0] + off * vstr[2])
@@ -188,6 +194,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                     for e in range(8):
                         sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
         commit_group()
+        record_(tables[0], tables[1], seq, bad)
 
     @device_function
     def issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage,
@@ -199,6 +206,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         ``tid_slot`` its first chunk's slot."""
         kbase = KV_OFF + 2 * stage * BN * D
         vbase = kbase + BN * D
+        bad = int32(-1)
         for u in range(CPT):
             idx = tid + u * CT
             if CHUNKS % CT == 0 or idx < CHUNKS:
@@ -206,7 +214,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
                 t = int32(min(max(kt + n, lo), last))
                 b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                blk = block_of(tables[0], tables[1], seq, b, key_cache.shape[0])
+                blk, bad = checked_(tables[0], seq, b, key_cache.shape[0], bad)
                 off = int32(t - b * BLOCK_SIZE)
                 if FIXED_CHUNK:       # the same chunk and row % 8 for every u
                     dk = kbase + tid_slot + u * CT * 8
@@ -226,6 +234,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                     for e in range(8):
                         sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
         commit_group()
+        record_(tables[0], tables[1], seq, bad)     # after the copies: see checked_block
 
     @device_function
     def exponent_scale(fold, qscale, soft_cap, alibi):
@@ -313,17 +322,34 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
 
 
     @device_function
+    def load_query_chunk(sm, query, idx, row0, q0, nq, h0, num_heads):
+        """Start copying the tile's ``idx``-th query chunk into shared memory
+        (rows past ``nq`` repeat the last query)."""
+        row = row_of(idx)
+        ch = chunk_of(idx)
+        qi = min(row // HPB, nq - 1)
+        src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
+        copy16_async(sm, slot(Q_OFF, row, ch), query, src)
+
+    @device_function
     def load_queries(sm, query, tid, row0, q0, nq, h0, num_heads):
-        """Start copying the tile's queries into shared memory (rows past ``nq``
-        repeat the last query)."""
+        """Start copying the tile's queries into shared memory."""
         for u in range(QCPT):
             idx = tid + u * NT
             if QCHUNKS % NT == 0 or idx < QCHUNKS:
-                row = row_of(idx)
-                ch = chunk_of(idx)
-                qi = min(row // HPB, nq - 1)
-                src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
-                copy16_async(sm, slot(Q_OFF, row, ch), query, src)
+                load_query_chunk(sm, query, idx, row0, q0, nq, h0, num_heads)
+
+    WG_QCHUNKS = 64 * NCH                 # query chunks of a warpgroup's 64 rows
+
+    @device_function
+    def load_warpgroup_queries(sm, query, t, wg, row0, q0, nq, h0, num_heads):
+        """Start copying the queries of warpgroup ``wg``'s rows (``64 wg ..
+        64 wg + 63``), thread ``t`` of its 128 (the chunks lie in row order in
+        every layout, 8 rows at a time)."""
+        for u in range(-(-WG_QCHUNKS // 128)):
+            idx = t + u * 128
+            if WG_QCHUNKS % 128 == 0 or idx < WG_QCHUNKS:
+                load_query_chunk(sm, query, wg * WG_QCHUNKS + idx, row0, q0, nq, h0, num_heads)
 
     @cuda_function
     def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables):
@@ -335,7 +361,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         q0 = tile_q0[tile]
         row0 = cu_seqlens_q[seq]
         q_len = cu_seqlens_q[seq + 1] - row0
-        kv_len = length_of(seq_lens, tables[1], seq, tables[0].shape[1] * BLOCK_SIZE)
+        kv_len = length_of_(seq_lens, tables[1], seq, tables[0].shape[1] * BLOCK_SIZE)
         nq = int32(min(BQ, q_len - q0))       # valid query tokens of this tile
         pos0 = int32(kv_len - q_len + q0)     # position of its first query
         kv_lo = int32(0 if window <= 0 else max(pos0 - window + 1, 0))

@@ -155,7 +155,9 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     tile ``j``'s stage (of ``stages``) readable, ``release(j, ntiles, a)`` hands
     it back once its products are done; ``a`` is the kernel's tuple for them.
     ``take_turn(a)`` and ``pass_turn(last, a)`` bracket each issue of products
-    (``last``: the loop's final one), for warpgroups that take turns."""
+    (``last``: the loop's final one), for warpgroups that take turns. The
+    tiles are counted from ``j0`` (the ring's count of the block's earlier
+    tiles: stage ``(j0 + j) % stages``) and the last one is released too."""
     BN, rescale_half = P.BN, P.rescale_half
     pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
         W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
@@ -164,23 +166,23 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
 
     @cuda_function
     def run(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-            ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
+            ntiles, j0, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
+        cur = int32(j0 % stages)        # tile j's stage ((j0 + j) % stages, counted)
         if ntiles > 0:
-            acquire(0, ntiles, a)
+            acquire(j0, ntiles, a)
             pin_s(s)
             take_turn(a)
             fence()
-            issue_s(s, qs, kvs, 0)
+            issue_s(s, qs, kvs, cur)
             pass_turn(False, a)
             wait_s_alone(s)
             tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
                          window, qscale, soft_cap, cap2, alibi, sc, plain)
             pack_p(pa, s)
-        cur = int32(0)                  # tile j's stage (j % stages, counted)
         for j in range(1, ntiles):
             prev = cur
             cur = cur + 1 if cur + 1 < stages else int32(0)
-            acquire(j, ntiles, a)
+            acquire(j0 + j, ntiles, a)
             pin_s(s)
             take_turn(a)
             fence()
@@ -203,7 +205,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
                 wait_o(o)
             else:
                 wait_o_twin(o)
-            release(j - 1, ntiles, a)
+            release(j0 + j - 1, ntiles, a)
             pack_p(pa, s)
         if ntiles > 0:
             rescale_half(o, alpha, 0, 0)
@@ -215,6 +217,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             issue_pv(o, pa, kvs, cur)
             pass_turn(True, a)
             wait_o(o)
+            release(j0 + ntiles - 1, ntiles, a)
 
     return run
 
@@ -222,7 +225,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
 @functools.cache
 def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                          num_warps=8, max_registers=None, fast_exp2=False, split_k=False,
-                         swizzle=False):
+                         swizzle=False, guard=True):
     """Compile-time specialised warpgroup prefill kernel: arguments, grid,
     outputs and ``split_k`` as for :func:`kernels.prefill_tc.prefill_tc_kernel`
     with one m-tile a warp; ``num_warps`` a multiple of 4 (whole warpgroups),
@@ -238,7 +241,8 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         raise ValueError(f"wgmma needs num_warps a multiple of 4 and block_n a multiple of 16 "
                          f"up to 256, but got num_warps={num_warps}, block_n={block_n}")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES)
+                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
+                   guard=guard)
     ALIGN = 1024 if swizzle else 16
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     STAGE_V, KV_HEAD_AXIS, SMEM_T, HPB = P.STAGE_V, P.KV_HEAD_AXIS, P.SMEM_T, P.HPB
@@ -326,7 +330,8 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         tiles = (sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo, last,
                  tid, kstr, vstr, tid_slot)
         run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, tiles)
+                 ntiles, int32(0), causal, window, qscale, soft_cap, cap2, alibi, sc, plain,
+                 tiles)
 
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)

@@ -7,11 +7,11 @@ the keys and values:
 
 * warpgroup 0 (threads 0-127) is the *producer*: it gathers K/V tiles through
   the block table with ``cp.async`` into a ring of ``stages`` stages (4 by
-  default), and
-  gives back most of its registers (``setmaxnreg.dec`` to 40);
+  default), and gives back most of its registers (``setmaxnreg.dec`` to 40;
+  64 in a persistent block);
 * the other warpgroups are *consumers* (64 rows each, ``setmaxnreg.inc`` to
-  232): the products and the online softmax of the ``wgmma`` kernel, with no
-  copy of their own. A ``wgmma.fence`` waits until every earlier instruction
+  232, or 216): the products and the online softmax of the ``wgmma`` kernel,
+  with no copy of their own. A ``wgmma.fence`` waits until every earlier instruction
   of its warp has released its registers, and a ``cp.async`` holds its
   address registers until the memory pipeline takes it, so copies issued by
   the warps that run the products stall the products;
@@ -25,7 +25,12 @@ the keys and values:
   (a pair of named barriers, one a warpgroup, that one waits at and the other
   arrives at), so one warpgroup's softmax runs while the other's products
   do. Each warpgroup then has its own full barriers (the two pass them at
-  different times), so the ring has at most 4 stages (16 named barriers).
+  different times), so the ring has at most 4 stages (16 named barriers);
+* with ``persistent`` each block takes several (tile, head block) items in
+  turn, and the ring, its barriers and the turns run on from one item to the
+  next, so that the producer copies an item's first tiles and one warpgroup
+  starts on it while the other finishes the last item and stores it; each
+  warpgroup loads its own query rows.
 """
 import functools
 
@@ -42,6 +47,9 @@ from .prefill_wgmma import key_loop, product_parts
 STAGES = 4            # K/V tiles in the ring
 PRODUCER_THREADS = 128
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 65536
+# a persistent block's producer keeps its item's state across the ring's tiles:
+# 40 registers spill it (228 bytes, ptxas 13.0), 64 do not, nor 216 the consumers'
+PERSISTENT_REGS = 64, 216
 
 
 def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES):
@@ -57,7 +65,7 @@ def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES):
 @functools.cache
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
-                            stages=STAGES, pingpong=False):
+                            stages=STAGES, pingpong=False, persistent=False, guard=True):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -66,7 +74,18 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     kernel) and ``dynamic_shared_bytes`` of dynamic shared memory; ``swizzle``
     as for the wgmma kernel; ``stages`` (3 to 7) K/V tiles in the ring;
     ``pingpong`` (8 consumer warps, at most 4 stages) the two consumer
-    warpgroups taking turns at the tensor cores."""
+    warpgroups taking turns at the tensor cores.
+
+    ``persistent`` (with ``pingpong``): grid ``(blocks, 1, num_parts)``, any
+    number of blocks (one a multiprocessor, say). The work items are the
+    (tile, head block) pairs in the order of the tile list, heads inner;
+    block ``b`` takes item ``b`` of each round of ``blocks`` items, then item
+    ``blocks - 1 - b`` of the next (a serpentine: the longest tiles come first,
+    and the blocks' shares even out). The ring, its barriers and the turns run
+    on across a block's items: the producer copies the next item's first
+    tiles while the consumers finish the last one and store it, and one
+    warpgroup starts the next item while the other finishes. ``guard`` as for
+    :func:`kernels.prefill_tc_parts.tile_parts`."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -82,10 +101,13 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if pingpong and (num_warps != 8 or stages > 4):
         raise ValueError(f"pingpong needs two consumer warpgroups (num_warps=8) and at most 4 "
                          f"stages, but got num_warps={num_warps}, stages={stages}")
+    if persistent and not pingpong:
+        raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
+                         "reuse of their query rows)")
     STAGES = int(stages)
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
-                   copy_threads=PRODUCER_THREADS)
+                   copy_threads=PRODUCER_THREADS, guard=guard)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
@@ -96,7 +118,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
     slot, row_of, chunk_of, issue_tile = P.slot, P.row_of, P.chunk_of, P.issue_tile
     k_strides, v_strides = P.k_strides, P.v_strides
-    load_queries, tile_range, init_rows = P.load_queries, P.tile_range, P.init_rows
+    load_queries, tile_range, init_rows = P.load_warpgroup_queries, P.tile_range, P.init_rows
     exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
@@ -104,10 +126,13 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     NTHREADS = 32 * num_warps + PRODUCER_THREADS
     bar_sync, bar_arrive = wg.bar_sync(NTHREADS), wg.bar_arrive(NTHREADS)
     MOVE_REGS = num_warps == 8           # 384 threads start with 168 registers each
-    shrink = wg.setmaxnreg(False, PRODUCER_REGS)
-    grow = wg.setmaxnreg(True, CONSUMER_REGS)
+    producer_regs, consumer_regs = (PERSISTENT_REGS if persistent else
+                                    (PRODUCER_REGS, CONSUMER_REGS))
+    shrink = wg.setmaxnreg(False, producer_regs)
+    grow = wg.setmaxnreg(True, consumer_regs)
     HPB = P.HPB
     PINGPONG = bool(pingpong)
+    PERSISTENT = bool(persistent)
     # named barrier ids (0 is __syncthreads): full (with pingpong one set a
     # consumer warpgroup), empty, then the two turns
     FULL_SETS = 2 if PINGPONG else 1
@@ -125,8 +150,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     @device_function
     def release(j, ntiles, a):
         """Tile ``j``'s products are done: its stage is free for the producer
-        (which waits for it only if it has a tile ``j + STAGES`` to copy)."""
-        if j + STAGES < ntiles:
+        (which waits for it only if it has a tile ``j + STAGES`` to copy; a
+        persistent block's producer waits for every tile, the last ones at
+        the end)."""
+        if PERSISTENT or j + STAGES < ntiles:
             bar_arrive(EMPTY + j % STAGES)
 
     @device_function
@@ -138,9 +165,29 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     @device_function
     def pass_turn(last, a):
         """This warpgroup's products are issued: the other's turn (warpgroup 1's
-        last products have no turn after them: every wait is matched)."""
-        if PINGPONG and not (last and a[0] == 1):
+        last products have no turn after them: every wait is matched; in a
+        persistent block they do, and warpgroup 0 takes it at the end)."""
+        if PINGPONG and (PERSISTENT or not (last and a[0] == 1)):
             turn_arrive(TURN + 1 - a[0])
+
+    @device_function
+    def rounds(num_tiles, num_heads):
+        """The block's rounds of work items, and the number of items."""
+        if PERSISTENT:
+            items = num_tiles * (num_heads // HPB)
+            return int32((items + cuda.gridDim.x - 1) // cuda.gridDim.x), int32(items)
+        return int32(1), int32(1)
+
+    @device_function
+    def work_item(rnd, items, num_heads):
+        """Round ``rnd``'s item of this block: ``(tile, first head, whether
+        there is one)`` (the serpentine order of a persistent block)."""
+        if PERSISTENT:
+            b = cuda.blockIdx.x if rnd % 2 == 0 else cuda.gridDim.x - 1 - cuda.blockIdx.x
+            w = int32(rnd * cuda.gridDim.x + b)
+            nhb = num_heads // HPB
+            return int32(w // nhb), int32((w % nhb) * HPB), w < items
+        return int32(cuda.blockIdx.x), int32(cuda.blockIdx.y * HPB), True
 
     run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn)
 
@@ -163,31 +210,41 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         tid = int32(cuda.threadIdx.x)
         num_heads = query.shape[1]
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
-        h0 = cuda.blockIdx.y * HPB
-        kvh = h0 // group
         tables = (block_tables, errors)
-        seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
-            cuda.blockIdx.x, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
-        last = int32(kv_hi - 1)
+        num_rounds, items = rounds(tile_seq.shape[0], num_heads)
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
 
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:
                 shrink()
-            kstr = k_strides(key_cache, kvh, chunk_of(tid))
-            vstr = v_strides(value_cache, kvh, chunk_of(tid))
             tid_slot = slot(0, row_of(tid), chunk_of(tid))
-            for j in range(ntiles):
-                if j >= STAGES:         # the consumers are done with tile j - STAGES
-                    bar_sync(EMPTY + j % STAGES)
-                issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kv_first + j * BN,
-                           kv_lo, last, j % STAGES, tid, kstr, vstr, tid_slot)
-                if j >= 1:
-                    wait_older()
-                    publish(j - 1)
-            if ntiles > 0:
+            done = int32(0)             # tiles of the ring so far
+            for rnd in range(num_rounds):
+                tile, h0, real = work_item(rnd, items, num_heads)
+                if real:
+                    kvh = h0 // group
+                    kstr = k_strides(key_cache, kvh, chunk_of(tid))
+                    vstr = v_strides(value_cache, kvh, chunk_of(tid))
+                    seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
+                        tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
+                    last = int32(kv_hi - 1)
+                    for j in range(ntiles):
+                        g = done + j
+                        if g >= STAGES:     # the consumers are done with tile g - STAGES
+                            bar_sync(EMPTY + g % STAGES)
+                        issue_tile(sm, key_cache, value_cache, tables, seq, kvh,
+                                   kv_first + j * BN, kv_lo, last, g % STAGES, tid, kstr, vstr,
+                                   tid_slot)
+                        if g >= 1:
+                            wait_older()
+                            publish(g - 1)
+                    done += ntiles
+            if done > 0:
                 wait_all()
-                publish(ntiles - 1)
+                publish(done - 1)
+            if PERSISTENT:              # the releases of the last tiles
+                for g in range(max(done - STAGES, 0), done):
+                    bar_sync(EMPTY + g % STAGES)
             return
 
         if MOVE_REGS:
@@ -200,13 +257,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         # this warpgroup's 64 query rows (the index through a shuffle: uniform to ptxas)
         cwg = cuda.shfl_sync(FULL_MASK, warp >> 2, 0)
         qs, kvs = starts(sm, cwg * 64 * D)
-        load_queries(sm, query, ct, row0, q0, nq, h0, num_heads)
-        commit_group()
-        wait_all()
-        # every consumer's queries land before the first full barrier (with turns,
-        # before the first turn barrier: each warpgroup's rows come from both)
-        fence_proxy()
-
         pos = cuda.local.array((1, 2), int32)
         slope = cuda.local.array((1, 2), float32)
         m = cuda.local.array((1, 2), float32)
@@ -214,24 +264,41 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         alpha = cuda.local.array((1, 2), float32)
         qscale = scale * float32(LOG2E)
         cap2 = soft_cap * float32(LOG2E)
-        any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
-        alibi = cuda.any_sync(FULL_MASK, any_slope)
-        # without soft cap or ALiBi the scale goes into the exponent's FFMA
-        plain, sc = exponent_scale(True, qscale, soft_cap, alibi)
         s = cuda.local.array((1, NTILE_S, 4), float32)
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
-        for i in range(NTILE_O):
-            for e in range(4):
-                o[0, i, e] = 0.0
-
-        if PINGPONG and cwg == 1 and ntiles > 0:
-            turn_arrive(TURN)           # warpgroup 0 issues first
-        run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-                 ntiles, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, (cwg,))
-
-        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
-        store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+        done = int32(0)
+        for rnd in range(num_rounds):
+            tile, h0, real = work_item(rnd, items, num_heads)
+            if real:
+                seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
+                    tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
+                if ntiles > 0:
+                    # its own rows: the warpgroup's last products of the previous
+                    # item were issued after a turn barrier of all its threads
+                    load_queries(sm, query, ct % 128, cwg, row0, q0, nq, h0, num_heads)
+                    commit_group()
+                    wait_all()
+                    # visible to the tensor cores after the first turn (or full)
+                    # barrier, which every thread of the warpgroup passes
+                    fence_proxy()
+                any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
+                alibi = cuda.any_sync(FULL_MASK, any_slope)
+                # without soft cap or ALiBi the scale goes into the exponent's FFMA
+                plain, sc = exponent_scale(True, qscale, soft_cap, alibi)
+                for i in range(NTILE_O):
+                    for e in range(4):
+                        o[0, i, e] = 0.0
+                if PINGPONG and cwg == 1 and ntiles > 0 and (done == 0 or not PERSISTENT):
+                    turn_arrive(TURN)           # warpgroup 0 issues first
+                run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
+                         kv_hi, ntiles, done, causal, window, qscale, soft_cap, cap2, alibi, sc,
+                         plain, (cwg,))
+                store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
+                store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+                done += ntiles
+        if PERSISTENT and cwg == 0 and done > 0:
+            turn_sync(TURN)             # warpgroup 1's last products passed a turn
 
     paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = P.DYNAMIC_BYTES
     paged_prefill_wgmma_ws_kernel.block_threads = NTHREADS
