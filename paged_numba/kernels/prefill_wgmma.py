@@ -232,8 +232,9 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     ``block_n`` a multiple of 16 up to 256. The launch needs
     ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory;
     ``swizzle=True`` lays the tiles out in ``wgmma``'s swizzled layout
-    (:func:`kernels.prefill_tc_parts.tile_parts`) instead of core matrices.
-    Runs on sm_90a GPUs (H100, H200) and under the simulator."""
+    (:func:`kernels.prefill_tc_parts.tile_parts`) instead of core matrices;
+    ``guard`` as there. Runs on sm_90a GPUs (H100, H200) and under the
+    simulator."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
