@@ -92,16 +92,10 @@ def length_of(seq_lens, errors, seq, cap):
 
 
 @device_function
-def block_unchecked(block_tables, errors, seq, b, num_blocks):
-    """``block_tables[seq, b]`` as it is: :func:`block_of` without the guard,
-    for kernels built with ``guard=False`` to time what the guard costs (an
-    id outside the pool is then followed outside it)."""
-    return block_tables[seq, b]
-
-
-@device_function
 def checked_unchecked(block_tables, seq, b, num_blocks, bad):
-    """:func:`checked_block` without the guard (see :func:`block_unchecked`)."""
+    """``(block_tables[seq, b], bad)`` as they are: :func:`checked_block`
+    without the guard, for kernels built with ``guard=False`` to time what the
+    guard costs (an id outside the pool is then followed outside it)."""
     return block_tables[seq, b], bad
 
 
@@ -113,5 +107,5 @@ def record_nothing(block_tables, errors, seq, bad):
 @device_function
 def length_unchecked(seq_lens, errors, seq, cap):
     """``seq_lens[seq]`` as it is: :func:`length_of` without the guard (see
-    :func:`block_unchecked`)."""
+    :func:`checked_unchecked`)."""
     return seq_lens[seq]

@@ -57,7 +57,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     whole rows copied in turn); ``stages`` is the number of K/V tiles in the
     ring; ``copy_threads`` the threads that run :func:`issue_tile` (default:
     all ``32 * num_warps``); ``guard=False`` takes table ids and lengths as
-    they are (:func:`kernels.guard.block_unchecked`: only to time the guard).
+    they are (:func:`kernels.guard.checked_unchecked`: only to time the guard).
     """
     D = head_size
     BLOCK_SIZE = block_size
