@@ -36,7 +36,7 @@ few percent, such as the guard's: ``--variants default default-ng``).
 """
 import argparse
 import functools
-import re
+
 import statistics
 
 import numpy as np
@@ -47,6 +47,7 @@ from numba import cuda
 import paged_numba as pn
 from paged_numba import _launch
 from paged_numba.kernels import prefill_tc
+from variants import parse_variant
 
 # case: (number of sequences, query tokens each, keys each); a decode case's one
 # query sees every key (bottom-right causal)
@@ -106,13 +107,6 @@ def sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, block_size):
     return qq, torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
 
 
-OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
-           "fx": ("fast_exp2", True), "fma": ("fma_softmax", True), "tok": ("token_copies", True),
-           "mt2": ("m_tiles", 2), "wg": ("wgmma", True),
-           "ws": ("producer", True), "sw": ("swizzle", True),
-           "pp": ("pingpong", True), "ps": ("persistent", True)}
-
-
 def variant_plan(name, cache, cu, lens, num_heads):
     """The plan of variant ``name``; ``-ng`` swaps in its kernel built without
     the device guard."""
@@ -128,25 +122,7 @@ def variant_plan(name, cache, cu, lens, num_heads):
         return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=False)
     if name == "default":
         return pn.PrefillPlan(cache, cu, lens, num_heads)
-    m = re.fullmatch(r"w(\d+)n(\d+)((?:-[a-z0-9]+)*)", name)
-    hpb = parts = None
-    if not m:
-        raise SystemExit(f"bad variant {name!r}")
-    nw, bn, opts = int(m.group(1)), int(m.group(2)), m.group(3).split("-")[1:]
-    options = {}
-    for o in opts:
-        if o in OPTIONS:
-            options[OPTIONS[o][0]] = OPTIONS[o][1]
-        elif re.fullmatch(r"r\d+", o):
-            options["max_registers"] = int(o[1:])
-        elif re.fullmatch(r"h\d+", o):
-            hpb = int(o[1:])
-        elif re.fullmatch(r"s\d+", o):
-            options["stages"] = int(o[1:])
-        elif re.fullmatch(r"p\d+", o):
-            parts = int(o[1:])
-        else:
-            raise SystemExit(f"bad option {o!r} in {name!r}")
+    nw, bn, options, hpb, parts = parse_variant(name)
     return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=True, num_warps=nw,
                           block_n=bn, heads_per_block=hpb, kernel_options=options,
                           num_parts=parts)

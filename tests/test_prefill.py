@@ -231,7 +231,8 @@ def test_tc_prefill_swizzled(p, causal, tiling):
 
 def test_default_kernel_follows_the_gpu_and_the_batch():
     """On an sm_90 GPU a prompt's default is the warpgroup kernel (with a
-    producer and turns, except for the ``"vllm"`` layout's values); a
+    producer, turns and persistent blocks, except for the ``"vllm"`` layout's
+    values); a
     decode-like batch, a caller's tiling or split-K keeps ``mma.sync``; the
     simulator always runs ``mma.sync`` with one warp."""
     sm90 = not SIM and tuple(cuda_device().compute_capability) == (9, 0)
@@ -242,6 +243,8 @@ def test_default_kernel_follows_the_gpu_and_the_batch():
 
     assert options().get("pingpong", False) is sm90
     assert options().get("producer", False) is sm90
+    assert options().get("persistent", False) is sm90
+    assert not options("vllm").get("persistent", False)
     assert options("hnd").get("pingpong", False) is sm90
     assert options("vllm").get("wgmma", False) is sm90
     assert not options("vllm").get("producer", False)

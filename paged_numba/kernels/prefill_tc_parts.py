@@ -196,6 +196,30 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         commit_group()
         record_(tables[0], tables[1], seq, bad)
 
+    # the keys of a tile lie in at most LOOKUP consecutive table entries; when a
+    # warp has a lane for each, every lane loads (and checks) one and the
+    # threads take their rows' blocks from the lanes by shuffles: one table
+    # load a thread and tile, where a load for each of its rows would each
+    # hold a register until it returns
+    LOOKUP = (BN - 1) // BLOCK_SIZE + 2
+    WARP_LOOKUP = LOOKUP <= 32
+
+    @cuda_function
+    def tile_entries(tables, seq, kt, lo, last, tid, num_blocks):
+        """``(e0, blk, bad)``: the first table entry of the tile's keys ``kt ..
+        kt + BN - 1`` (clamped into ``[lo, last]``), and this lane's block,
+        entry ``e0 + lane`` (or the tile's last entry), checked (without a
+        warp lookup: ``(0, 0, -1)``, and each row is looked up in turn)."""
+        if not WARP_LOOKUP:
+            return int32(0), int32(0), int32(-1)
+        t0 = int32(min(max(kt, lo), last))
+        t1 = int32(min(max(int32(kt + (BN - 1)), lo), last))
+        e0 = int32(uint32(t0) // uint32(BLOCK_SIZE))
+        e1 = int32(uint32(t1) // uint32(BLOCK_SIZE))
+        blk, bad = checked_(tables[0], seq, int32(min(int32(e0 + (tid & 31)), e1)), num_blocks,
+                            int32(-1))
+        return e0, blk, bad
+
     @device_function
     def issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage,
                    tid, kstr, vstr, tid_slot):
@@ -203,23 +227,38 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         ``[lo, last]``) into ``stage`` of the ring, as one group; ``tables`` is
         ``(block_tables, errors)`` (an id outside the pool reads block 0, see
         :mod:`.guard`), ``kstr``, ``vstr`` this thread's :func:`strides`,
-        ``tid_slot`` its first chunk's slot."""
+        ``tid_slot`` its first chunk's slot. Every lane of the calling warps
+        takes part (the table lookup goes through shuffles)."""
+        issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage, tid,
+                      kstr, vstr, tid_slot,
+                      tile_entries(tables, seq, kt, lo, last, tid, key_cache.shape[0]))
+
+    @device_function
+    def issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage,
+                      tid, kstr, vstr, tid_slot, entries):
+        """:func:`issue_tile` with the tile's :func:`tile_entries` looked up
+        already (by a caller that loads them before it waits for the stage)."""
+        kt = int32(kt)
         kbase = KV_OFF + 2 * stage * BN * D
         vbase = kbase + BN * D
-        bad = int32(-1)
+        e0, mine, bad = entries
         for u in range(CPT):
             idx = tid + u * CT
             if CHUNKS % CT == 0 or idx < CHUNKS:
-                n = row_of(tid) + u * (CT // NCH) if FIXED_CHUNK else row_of(idx)
+                n = int32(row_of(tid) + u * (CT // NCH) if FIXED_CHUNK else row_of(idx))
                 ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
-                t = int32(min(max(kt + n, lo), last))
+                t = int32(min(max(int32(kt + n), lo), last))
                 b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                blk, bad = checked_(tables[0], seq, b, key_cache.shape[0], bad)
+                if WARP_LOOKUP:
+                    blk = cuda.shfl_sync(FULL_MASK, mine, int32(b - e0))
+                else:
+                    blk, bad = checked_(tables[0], seq, b, key_cache.shape[0], bad)
                 off = int32(t - b * BLOCK_SIZE)
                 if FIXED_CHUNK:       # the same chunk and row % 8 for every u
                     dk = kbase + tid_slot + u * CT * 8
                     dv = dk + BN * D
-                    copy16_async(sm, dk, key_cache, wide(blk, kstr[1]) + (kstr[0] + off * kstr[2]))
+                    copy16_async(sm, dk, key_cache,
+                                 wide(blk, kstr[1]) + int32(kstr[0] + off * kstr[2]))
                 else:
                     dk = slot(kbase, n, ch)
                     dv = slot(vbase, n, ch)
@@ -227,7 +266,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 if STAGE_V:
                     if FIXED_CHUNK:
                         copy16_async(sm, dv, value_cache,
-                                     wide(blk, vstr[1]) + (vstr[0] + off * vstr[2]))
+                                     wide(blk, vstr[1]) + int32(vstr[0] + off * vstr[2]))
                     else:
                         copy16_async(sm, dv, value_cache, v_flat(value_cache, blk, kvh, off, ch))
                 else:

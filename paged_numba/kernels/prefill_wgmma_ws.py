@@ -116,7 +116,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     starts = W.starts
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
-    slot, row_of, chunk_of, issue_tile = P.slot, P.row_of, P.chunk_of, P.issue_tile
+    slot, row_of, chunk_of = P.slot, P.row_of, P.chunk_of
+    tile_entries, issue_entries = P.tile_entries, P.issue_entries
     k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_warpgroup_queries, P.tile_range, P.init_rows
     exponent_scale = P.exponent_scale
@@ -230,11 +231,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     last = int32(kv_hi - 1)
                     for j in range(ntiles):
                         g = done + j
+                        kt = int32(kv_first + j * BN)
+                        # the table entries first: their latency passes in the wait
+                        entries = tile_entries(tables, seq, kt, kv_lo, last, tid,
+                                               key_cache.shape[0])
                         if g >= STAGES:     # the consumers are done with tile g - STAGES
                             bar_sync(EMPTY + g % STAGES)
-                        issue_tile(sm, key_cache, value_cache, tables, seq, kvh,
-                                   kv_first + j * BN, kv_lo, last, g % STAGES, tid, kstr, vstr,
-                                   tid_slot)
+                        issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt, kv_lo,
+                                      last, g % STAGES, tid, kstr, vstr, tid_slot, entries)
                         if g >= 1:
                             wait_older()
                             publish(g - 1)
