@@ -61,7 +61,7 @@ class PrefillPlan:
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
-        ``pingpong``, ``persistent``), for studying its variants; they
+        ``pingpong``, ``persistent``, ``lazy_rescale``), for studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
         (:mod:`paged_numba.kernels.prefill_wgmma`; sm_90 GPUs and the
@@ -73,7 +73,9 @@ class PrefillPlan:
         cores, at most 4 stages; ``persistent``, with turns: ``True`` for one
         thread block a multiprocessor, or a number of blocks, each taking
         several tiles in turn), and ``swizzle=True`` lays the tiles out in
-        the swizzled layout.
+        the swizzled layout; ``lazy_rescale=True`` (with ``wgmma``) moves a
+        row's running maximum only when it grows by more than ``2**8`` in
+        the weights, so O is rarely rescaled after the first tiles.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

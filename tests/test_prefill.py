@@ -229,6 +229,32 @@ def test_tc_prefill_swizzled(p, causal, tiling):
     check_prefill(p, causal, tiling)
 
 
+@pytest.mark.parametrize("tiling", [
+    dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True, swizzle=True,
+                                     lazy_rescale=True)),
+    dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True, lazy_rescale=True))],
+    ids=["producer", "wgmma"])
+def test_tc_prefill_lazy_rescale(tiling):
+    """``lazy_rescale=True`` within the tensor-core bound, on keys whose size
+    grows along the sequence: the first 16 at 1, the next 32 at 3 (a row's
+    maximum grows by less than the slack: kept, weights above 1), the next 16
+    at 12 (it grows by far more: moved, O and the row sum rescaled)."""
+    p = WS_LONG
+    q, k, v = p.arrays()
+    grow = np.ones(p.seq_lens[0], np.float32)
+    grow[16:48], grow[48:64] = 3.0, 12.0
+    for pos, g in enumerate(grow):
+        blk = p.block_tables[0, pos // p.block_size]
+        k[blk, pos % p.block_size] = (k[blk, pos % p.block_size].astype(np.float32) * g).astype(
+            k.dtype)
+    kc, vc = p.layout_pools(k, v)
+    cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
+    out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
+                                causal=True, return_lse=True, **tiling)
+    check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=True,
+                                                    tensor_cores=rounding(cache, tiling)))
+
+
 def test_default_kernel_follows_the_gpu_and_the_batch():
     """On an sm_90 GPU a prompt's default is the warpgroup kernel (with a
     producer, turns and persistent blocks, except for the ``"vllm"`` layout's

@@ -40,13 +40,17 @@ def cuda_function(fn):
 
 NEG_INF = float32(-math.inf)
 LN2 = 0.6931471805599453
+# lazy_rescale: a row's running maximum (in the exponent's base-2 units) moves
+# only when the tile's maximum exceeds it by more than this, so the weights stay
+# below 2**RESCALE_SLACK (256: exact in fp16 and bf16, far from their overflow)
+RESCALE_SLACK = 8.0
 
 
 @functools.cache
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
                token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
-               guard=True):
+               guard=True, lazy_rescale=False):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -57,7 +61,9 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     whole rows copied in turn); ``stages`` is the number of K/V tiles in the
     ring; ``copy_threads`` the threads that run :func:`issue_tile` (default:
     all ``32 * num_warps``); ``guard=False`` takes table ids and lengths as
-    they are (:func:`kernels.guard.checked_unchecked`: only to time the guard).
+    they are (:func:`kernels.guard.checked_unchecked`: only to time the guard);
+    ``lazy_rescale`` keeps a row's maximum in :func:`weights_half` until the
+    tile's exceeds it by more than ``RESCALE_SLACK`` (base 2).
     """
     D = head_size
     BLOCK_SIZE = block_size
@@ -111,6 +117,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                          f"a token, but got {TPT} for head_size={D}, block_n={BN}, "
                          f"num_warps={NW}")
     exp2 = exp2_approx if fast_exp2 else math.exp2
+    LAZY = bool(lazy_rescale)
     checked_, record_, length_of_ = ((checked_block, record_block, length_of) if guard else
                                      (checked_unchecked, record_nothing, length_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
@@ -473,15 +480,25 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     @device_function
     def weights_half(s, m, l_, alpha, sc, t, h):
         """:func:`softmax_half` without touching O: the factor O must be scaled by
-        goes to ``alpha[t, h]`` (1 where the row's maximum did not grow), for
-        :func:`rescale_half` once the product that writes O has landed."""
+        goes to ``alpha[t, h]`` (1 where the row's maximum did not move), for
+        :func:`rescale_half` once the product that writes O has landed. With
+        ``lazy_rescale`` the maximum moves only when the tile's exceeds it by
+        more than ``RESCALE_SLACK``: the weights, up to ``2**RESCALE_SLACK``,
+        and the row sum are relative to the kept maximum, as O is, so most
+        tiles after the first leave ``alpha`` at 1 and O unscaled (the warp
+        vote in :func:`rescale_half` skips the multiplies)."""
         new = row_max(s, m, t, h)
-        use = new if new != NEG_INF else float32(0.0)
+        old = m[t, h]
         alpha[t, h] = float32(1.0)
-        if new > m[t, h]:
-            alpha[t, h] = exp2((m[t, h] - use) * sc)
-            l_[t, h] *= alpha[t, h]
-        m[t, h] = new
+        if new > old:
+            # a first maximum (old = -inf) always moves: (new - old) sc = inf
+            if not LAZY or (new - old) * sc > float32(RESCALE_SLACK):
+                alpha[t, h] = exp2((old - new) * sc)
+                l_[t, h] *= alpha[t, h]
+                m[t, h] = new
+        else:
+            m[t, h] = new               # the same, or NaN (which the weights carry)
+        use = m[t, h] if m[t, h] != NEG_INF else float32(0.0)
         exp_weights(s, l_, sc, use, t, h)
 
     @cuda_function

@@ -225,7 +225,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
 @functools.cache
 def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                          num_warps=8, max_registers=None, fast_exp2=False, split_k=False,
-                         swizzle=False, guard=True):
+                         swizzle=False, guard=True, lazy_rescale=False):
     """Compile-time specialised warpgroup prefill kernel: arguments, grid,
     outputs and ``split_k`` as for :func:`kernels.prefill_tc.prefill_tc_kernel`
     with one m-tile a warp; ``num_warps`` a multiple of 4 (whole warpgroups),
@@ -233,7 +233,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared memory;
     ``swizzle=True`` lays the tiles out in ``wgmma``'s swizzled layout
     (:func:`kernels.prefill_tc_parts.tile_parts`) instead of core matrices;
-    ``guard`` as there. Runs on sm_90a GPUs (H100, H200) and under the
+    ``guard`` and ``lazy_rescale`` as there. Runs on sm_90a GPUs (H100, H200) and under the
     simulator."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
@@ -243,7 +243,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                          f"up to 256, but got num_warps={num_warps}, block_n={block_n}")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
-                   guard=guard)
+                   guard=guard, lazy_rescale=lazy_rescale)
     ALIGN = 1024 if swizzle else 16
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     STAGE_V, KV_HEAD_AXIS, SMEM_T, HPB = P.STAGE_V, P.KV_HEAD_AXIS, P.SMEM_T, P.HPB

@@ -65,7 +65,8 @@ def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES):
 @functools.cache
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
-                            stages=STAGES, pingpong=False, persistent=False, guard=True):
+                            stages=STAGES, pingpong=False, persistent=False, guard=True,
+                            lazy_rescale=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -84,8 +85,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     and the blocks' shares even out). The ring, its barriers and the turns run
     on across a block's items: the producer copies the next item's first
     tiles while the consumers finish the last one and store it, and one
-    warpgroup starts the next item while the other finishes. ``guard`` as for
-    :func:`kernels.prefill_tc_parts.tile_parts`."""
+    warpgroup starts the next item while the other finishes. ``guard`` and
+    ``lazy_rescale`` as for :func:`kernels.prefill_tc_parts.tile_parts`."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -107,7 +108,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     STAGES = int(stages)
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
-                   copy_threads=PRODUCER_THREADS, guard=guard)
+                   copy_threads=PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
