@@ -179,7 +179,12 @@ def test_hf_engine_backend_matches_paged_sdpa(llama):
     transformers = pytest.importorskip("transformers")
     if SIM:
         pytest.importorskip("psutil")     # the engine sizes its cache on the CPU with it
-    from paged_numba.integrations.transformers import register
+    from paged_numba.integrations.transformers import engine_admits_backends, register
+
+    if not engine_admits_backends():
+        pytest.skip(f"transformers {transformers.__version__}'s engine runs only its own "
+                    f"attention (5.19 on); test_register_warns_where_the_engine_refuses_it "
+                    f"covers it")
 
     model, prompts = llama
     new_tokens = 4 if SIM else NEW_TOKENS
@@ -202,6 +207,40 @@ def test_hf_engine_backend_matches_paged_sdpa(llama):
         model.set_attn_implementation("sdpa")
     assert all(len(t) == new_tokens for t in theirs)
     assert ours == theirs
+
+
+@pytest.mark.parametrize("version", ["5.0.0", "5.17.0", "5.18.2", "5.19.0", "5.24.0", "6.1.0"])
+def test_register_warns_where_the_engine_refuses_it(version, monkeypatch):
+    """``register()`` registers both names under any transformers 5.x and
+    warns, naming the installed version, exactly where the engine no longer
+    runs registered attention functions (from 5.19 on)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import warnings
+
+    from transformers import AttentionInterface
+
+    from paged_numba.integrations import transformers as integration
+
+    monkeypatch.setattr(integration.importlib.metadata, "version", lambda name: version)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert integration.register() == integration.HF_ENGINE_NAME
+    assert {integration.ATTENTION_NAME, integration.HF_ENGINE_NAME} <= set(
+        AttentionInterface._global_mapping)
+    refused = version in ("5.19.0", "5.24.0", "6.1.0")
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == int(refused), messages
+    assert all(f"transformers {version}'s" in m for m in messages)
+
+
+def test_engine_admits_backends_reads_versions():
+    from paged_numba.integrations.transformers import engine_admits_backends
+
+    assert [engine_admits_backends(v) for v in ("5.18.0", "5.19.0rc1", "4.57.0", "5.100.0")] == [
+        True, False, True, False]
+    with pytest.raises(ValueError, match="version must look like"):
+        engine_admits_backends("latest")
 
 
 def test_step_attention_needs_its_step(llama):

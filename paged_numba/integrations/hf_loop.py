@@ -203,11 +203,11 @@ def generate(model, prompts, max_new_tokens, *, block_size=16, num_blocks=None, 
     True
     """
     import torch
+    from transformers import AttentionInterface
 
-    from .transformers import register
     from .. import PagedKVCache
 
-    register()
+    AttentionInterface.register(ATTENTION_NAME, step_attention)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
         else model.config
     num_layers = config.num_hidden_layers

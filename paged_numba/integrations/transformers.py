@@ -32,9 +32,15 @@ Only full causal attention is covered (Llama and its relatives): layers
 with a sliding window or a logit soft cap raise ``NotImplementedError``.
 The engine's CUDA graphs must stay off (``ContinuousBatchingConfig(
 use_cuda_graph=False)``): the backend reads the engine's indices on the host
-each step. This module imports torch and transformers only when a function
-that needs them runs.
+each step. The engine admits registered attention functions up to
+transformers 5.18 (:func:`engine_admits_backends`); from 5.19 on it runs only
+its own (``"paged|eager"``, ``"sdpa"``, flash attention), and
+:func:`register` warns. :func:`generate` runs on any 5.x. This module
+imports torch and transformers only when a function that needs them runs.
 """
+import importlib.metadata
+import re
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -45,27 +51,60 @@ from ..allocator import padded_block_table
 from .hf_loop import ATTENTION_NAME, generate, run_attention, step_attention
 
 HF_ENGINE_NAME = "paged|paged_numba"   # for transformers' continuous-batching engine
+# the last transformers whose engine runs a registered attention function
+LAST_ENGINE_VERSION = (5, 18)
 
-__all__ = ["ATTENTION_NAME", "HF_ENGINE_NAME", "HFBatch", "generate", "hf_paged_attention",
-           "register", "tables_from_hf_indices"]
+__all__ = ["ATTENTION_NAME", "HF_ENGINE_NAME", "HFBatch", "engine_admits_backends", "generate",
+           "hf_paged_attention", "register", "tables_from_hf_indices"]
+
+
+def engine_admits_backends(version=None):
+    """Whether transformers' continuous-batching engine (``generate_batch``,
+    ``ContinuousBatchingManager``) of ``version`` (default: the installed
+    one) runs a registered attention function such as ``"paged|paged_numba"``:
+    5.0 to 5.18 do; from 5.19 on the engine accepts only ``"paged|eager"``,
+    ``"sdpa"`` and flash attention, and raises ``ValueError`` for others.
+
+    >>> engine_admits_backends("5.17.0"), engine_admits_backends("5.24.0.dev0")
+    (True, False)
+    """
+    if version is None:
+        version = importlib.metadata.version("transformers")
+    parts = re.match(r"(\d+)\.(\d+)", str(version))
+    if parts is None:
+        raise ValueError(f"version must look like 'MAJOR.MINOR...', but got {version!r}.")
+    return (int(parts[1]), int(parts[2])) <= LAST_ENGINE_VERSION
 
 
 def register():
     """Register ``"paged_numba"`` (:func:`generate`'s) and ``"paged|paged_numba"``
     (:func:`hf_paged_attention`, for transformers' engine) in transformers'
     ``AttentionInterface``; returns ``"paged|paged_numba"``. Calling it again
-    is harmless.
+    is harmless. Where the installed transformers' engine no longer admits
+    registered functions (:func:`engine_admits_backends`) it warns
+    (``UserWarning``) that ``"paged|paged_numba"`` cannot run there;
+    :func:`generate` still can.
 
     >>> import pytest
     >>> _ = pytest.importorskip("torch"), pytest.importorskip("transformers")
     >>> from transformers import AttentionInterface
-    >>> register(), "paged_numba" in AttentionInterface._global_mapping
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")     # transformers >= 5.19: the engine warning
+    ...     name = register()
+    >>> name, "paged_numba" in AttentionInterface._global_mapping
     ('paged|paged_numba', True)
     """
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, step_attention)
     AttentionInterface.register(HF_ENGINE_NAME, hf_paged_attention)
+    if not engine_admits_backends():
+        version = importlib.metadata.version("transformers")
+        warnings.warn(f"transformers {version}'s continuous-batching engine runs only its own "
+                      f"attention implementations (from 5.19 on), so {HF_ENGINE_NAME!r} cannot "
+                      f"run in generate_batch there (transformers 5.0-5.18 can); "
+                      f"paged_numba.integrations.transformers.generate runs this package's "
+                      f"loop with any 5.x.", UserWarning, stacklevel=2)
     return HF_ENGINE_NAME
 
 
