@@ -80,7 +80,7 @@ SLOW = {
 QUICK_FILES = {
     "test_allocator.py", "test_block_manager.py", "test_page_tables.py", "test_layouts.py",
     "test_validation.py", "test_bookkeeping_inputs.py", "test_bad_inputs.py",
-    "test_simulator.py", "test_serving_sim.py",
+    "test_simulator.py", "test_serving_sim.py", "test_architecture.py",
 }
 
 

@@ -1,9 +1,4 @@
-"""Tests for paged_numba/allocator.py (bookkeeping: it must import without numba)."""
-
-import subprocess
-import sys
-from pathlib import Path
-
+"""Tests for paged_numba/allocator.py (bookkeeping: it imports no numba, see test_architecture.py)."""
 import numpy as np
 import pytest
 from hypothesis import settings
@@ -11,8 +6,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import paged_numba.allocator as alloc
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 BlockAllocator, OutOfBlocksError = alloc.BlockAllocator, alloc.OutOfBlocksError
@@ -22,14 +15,6 @@ def snapshot(a):
     """Everything observable about an allocator's state."""
     return (list(a.free_block_ids), a.seq_ids, {s: a.blocks_of(s) for s in a.seq_ids},
             a.block_table().tolist(), a.seq_lens().tolist(), a.num_used_slots)
-
-
-def test_import_does_not_import_numba():
-    # the bookkeeping modules import nothing of the package but each other and _checks
-    code = ("import sys, types; pkg = types.ModuleType('paged_numba'); pkg.__path__ = ['paged_numba']; "
-            "sys.modules['paged_numba'] = pkg; import paged_numba.allocator; "
-            "assert 'numba' not in sys.modules, 'numba imported'")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 @pytest.mark.parametrize("num_tokens, block_size, expected", [

@@ -3,9 +3,6 @@ their arithmetic, bad inputs (the error names the argument and value, and the
 manager is unchanged), and a state machine against a model of the cache's
 contents."""
 import copy
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,19 +12,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from paged_numba.block_manager import BlockManager, OutOfBlocksError, block_keys
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def state(m):
     """Everything a manager holds, for 'nothing changed' checks."""
     return copy.deepcopy(m.__dict__)
-
-
-def test_import_does_not_import_numba():
-    code = ("import sys, types; pkg = types.ModuleType('paged_numba'); pkg.__path__ = ['paged_numba']; "
-            "sys.modules['paged_numba'] = pkg; import paged_numba.block_manager; "
-            "assert 'numba' not in sys.modules, 'numba imported'")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_drop_in_tables_match_block_allocator():
