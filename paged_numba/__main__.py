@@ -3,12 +3,16 @@
   python -m paged_numba info                 device, versions, simulator support
   python -m paged_numba sweep --list         the registered sweeps
   python -m paged_numba sweep NAME [--quick] [--out DIR] [--no-progress]
+                                  [--workers N | --scheduler ADDRESS]
   python -m paged_numba sweep NAME --plot [--quick] [--out DIR]
 
 A sweep writes DIR/NAME.csv (DIR/NAME_quick.csv with --quick) and, when
 matplotlib is installed, a figure beside it. --plot measures nothing: it
 redraws the figure from the CSV already in DIR (e.g. a GPU run's CSV on a
-machine without a GPU). Running one needs the "sweeps"
+machine without a GPU). --workers N measures the points on N worker
+processes of a local Dask cluster (one a GPU on a GPU machine), --scheduler
+on a running Dask cluster (several hosts); both need the "distributed"
+extra. Running one needs the "sweeps"
 extra (pip install -e ".[sweeps]"), its figure the "plots" extra; --list
 and info need neither.
 
@@ -85,6 +89,11 @@ def main(argv=None):
     sw.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sw.add_argument("--plot", action="store_true",
                     help="only redraw the figure from the CSV in --out (measures nothing)")
+    where = sw.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="measure on N worker processes of a local Dask cluster (one a GPU)")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="measure on the running Dask cluster at ADDRESS (tcp://host:8786)")
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -119,10 +128,14 @@ def main(argv=None):
         if paged_numba.simulator_enabled():
             parser.exit(2, f"{sw.prog}: error: {args.name}'s full grid needs a GPU (it would take "
                            "hours on Numba's CUDA simulator); add --quick\n")
+    if args.workers is not None and args.workers < 1:
+        parser.exit(2, f"{sw.prog}: error: --workers must be at least 1, but got {args.workers}\n")
     try:
         require("pandas", "sweeps")
         if args.name == "exactness":            # its measure checks against paged_numba.testing
             require("hypothesis", "sweeps")
+        if args.workers is not None or args.scheduler is not None:
+            require("distributed", "distributed")
     except MissingExtra as e:
         parser.exit(1, f"{sw.prog}: error: {e}\n")
     reason = _writable_dir(args.out)
@@ -130,7 +143,8 @@ def main(argv=None):
         parser.exit(2, f"{sw.prog}: error: cannot write to --out {args.out!r}: {reason}\n")
     try:
         df = run_sweep(sweep, quick=args.quick, out_dir=args.out,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, workers=args.workers,
+                       scheduler=args.scheduler)
     except KeyboardInterrupt:
         print("\ninterrupted; finished points are saved, rerun to resume", file=sys.stderr)
         return 130

@@ -12,6 +12,7 @@ import datetime
 import importlib
 import itertools
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,7 +21,8 @@ import numpy as np
 
 from .._env import package_version
 
-ENV_COLUMNS = ("gpu", "numba", "numba_cuda", "numpy", "git_rev", "timestamp", "command")
+ENV_COLUMNS = ("gpu", "gpu_index", "gpu_bus_id", "host", "numba", "numba_cuda", "numpy",
+               "git_rev", "timestamp", "command")
 
 
 class MissingExtra(ImportError):
@@ -159,29 +161,59 @@ def device_name():
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def device_place():
+    """``(index, PCI bus id)`` of the CUDA device this process measures on:
+    the index among the host's GPUs (the first of ``CUDA_VISIBLE_DEVICES``
+    where a launcher such as dask-cuda set it, else the current device's) and
+    ``"DDDD:BB:DD.0"``; ``("", "")`` under the simulator.
+
+    >>> from paged_numba import simulator_enabled
+    >>> device_place() == ("", "") or not simulator_enabled()
+    True
+    """
+    from .. import simulator_enabled
+
+    if simulator_enabled():
+        return "", ""
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    index = visible if visible else str(dev.id)
+    bus = (f"{dev.PCI_DOMAIN_ID:04x}:{dev.PCI_BUS_ID:02x}:{dev.PCI_DEVICE_ID:02x}.0"
+           if hasattr(dev, "PCI_BUS_ID") else "")
+    return index, bus
+
+
 def environment(device=True):
-    """Environment columns (all but ``timestamp``) for a sweep's rows.
+    """Environment columns (all but ``timestamp`` and ``command``) for a
+    sweep's rows: what measured them, so that rows from different GPUs or
+    hosts are never mixed silently.
 
     Parameters
     ----------
     device : bool
-        Name the device in ``gpu`` (:func:`device_name`); ``False`` gives ``"cpu"``.
+        Name the device in ``gpu`` (:func:`device_name`) and place it
+        (:func:`device_place`); ``False`` gives ``"cpu"`` and no place.
 
     Returns
     -------
     dict of str -> str
-        ``gpu``, ``numba``, ``numba_cuda``, ``numpy`` (versions, ``"unknown"``
+        ``gpu``, ``gpu_index``, ``gpu_bus_id``, ``host`` (this machine's
+        name), ``numba``, ``numba_cuda``, ``numpy`` (versions, ``"unknown"``
         if not installed) and ``git_rev`` (short commit or ``"unknown"``).
 
     Examples
     --------
     >>> env = environment(device=False)
     >>> sorted(env)
-    ['git_rev', 'gpu', 'numba', 'numba_cuda', 'numpy']
-    >>> env["gpu"], env["numpy"] == np.__version__
-    ('cpu', True)
+    ['git_rev', 'gpu', 'gpu_bus_id', 'gpu_index', 'host', 'numba', 'numba_cuda', 'numpy']
+    >>> env["gpu"], env["gpu_index"], env["numpy"] == np.__version__
+    ('cpu', '', True)
     """
-    return dict(gpu=device_name() if device else "cpu", numba=package_version("numba"),
+    index, bus = device_place() if device else ("", "")
+    return dict(gpu=device_name() if device else "cpu", gpu_index=index, gpu_bus_id=bus,
+                host=socket.gethostname(), numba=package_version("numba"),
                 numba_cuda=package_version("numba-cuda"), numpy=np.__version__,
                 git_rev=_git_rev())
 
@@ -206,7 +238,23 @@ def _save(rows, path, params):
     os.replace(path + ".tmp", path)
 
 
-def run_sweep(sweep, quick=False, out_dir="results", progress=True):
+def _failed(row):
+    """Whether a CSV row records a point that failed (an ``error``, no metrics)."""
+    return str(row.get("error", "")) not in ("", "nan")
+
+
+def _local_rows(sweep, points, command):
+    """The rows of ``points`` measured one after the other in this process
+    (a measure that raises stops the sweep)."""
+    env = environment(sweep.device)
+    for point in points:
+        metrics = sweep.measure(dict(point))
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        yield {**point, **metrics, **env, "timestamp": stamp, "command": command}
+
+
+def run_sweep(sweep, quick=False, out_dir="results", progress=True, workers=None,
+              scheduler=None):
     """Run the points of ``sweep`` missing from its CSV; return all its rows.
 
     Parameters
@@ -221,21 +269,33 @@ def run_sweep(sweep, quick=False, out_dir="results", progress=True):
     progress : bool
         Print the number of points to run and a progress bar with ETA to
         stderr (tqdm's, advancing per point; no bar when tqdm is missing).
+    workers : int, optional
+        Measure the points on a local Dask cluster of this many worker
+        processes (one a GPU on a GPU machine), as tasks, instead of one
+        after the other here (:mod:`paged_numba.sweeps.distributed`; the
+        ``distributed`` extra).
+    scheduler : str, optional
+        Measure them on the running Dask cluster at this address instead.
 
     Returns
     -------
     pandas.DataFrame
         One row per point: the parameters, the metrics, and ``gpu`` (device
-        name, ``"simulator"`` or ``"cpu"``), ``numba``, ``numba_cuda``,
-        ``numpy`` (versions), ``git_rev``, ``timestamp`` (UTC, ISO 8601) and
-        ``command`` (the CLI call that reproduces the row).
+        name, ``"simulator"`` or ``"cpu"``), ``gpu_index`` and ``gpu_bus_id``
+        (which of the host's GPUs; empty without one), ``host``, ``numba``,
+        ``numba_cuda``, ``numpy`` (versions), ``git_rev``, ``timestamp``
+        (UTC, ISO 8601) and ``command`` (the CLI call that reproduces the
+        row); rows measured by workers also have ``error``.
 
     Notes
     -----
     Resume: a point whose parameter values (compared as strings) already have
     a row in the CSV is not measured again; its row is kept as it is, whatever
     environment produced it (delete the CSV to measure afresh). The CSV is
-    rewritten after every point. If matplotlib imports, ``sweep.figure``
+    rewritten after every point, and at the end in the grid's order. Here a
+    measure that raises stops the sweep; on workers it gives a row with its
+    ``error`` and the sweep goes on, and a later run measures that point
+    again (its row replaced). If matplotlib imports, ``sweep.figure``
     draws ``<out_dir>/<name>[_quick].png`` from all rows. Needs pandas (the
     ``sweeps`` extra): without it, :class:`MissingExtra` is raised before
     anything runs.
@@ -272,25 +332,36 @@ def run_sweep(sweep, quick=False, out_dir="results", progress=True):
     rows = []
     if os.path.exists(path) and os.path.getsize(path):
         rows = pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
-    have = {tuple(str(r.get(p, "")) for p in params) for r in rows}
-    todo = [p for p in points if tuple(str(p[k]) for k in params) not in have]
+
+    def key(row):
+        return tuple(str(row.get(p, "")) for p in params)
+
+    have = {key(r) for r in rows if not _failed(r)}
+    todo = [p for p in points if key(p) not in have]
     if progress:
         print(f"{stem}: {len(todo)} of {len(points)} points to run -> {path}", file=sys.stderr)
     if todo:
-        env = environment(sweep.device)
-        env["command"] = f"python -m paged_numba sweep {sweep.name}" + (" --quick" if quick else "")
+        command = f"python -m paged_numba sweep {sweep.name}" + (" --quick" if quick else "")
+        if workers is None and scheduler is None:
+            results = _local_rows(sweep, todo, command)
+        else:
+            from .distributed import distributed_rows
+
+            results = distributed_rows(sweep, todo, command, workers, scheduler)
         bar = _progress_bar(len(todo), stem) if progress else None
         try:
-            for point in todo:
-                metrics = sweep.measure(dict(point))
-                stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-                rows.append({**point, **metrics, **env, "timestamp": stamp})
+            for row in results:
+                rows = [r for r in rows if key(r) != key(row)] + [row]   # a failed row replaced
                 _save(rows, path, params)
                 if bar is not None:
                     bar.update(1)
         finally:
+            results.close()
             if bar is not None:
                 bar.close()
+        order = {key(p): i for i, p in enumerate(points)}
+        rows.sort(key=lambda r: order.get(key(r), len(order)))
+        _save(rows, path, params)
     df = pd.read_csv(path) if rows else pd.DataFrame(columns=params)
     if sweep.figure is not None and len(df):
         try:
