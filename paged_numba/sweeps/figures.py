@@ -110,7 +110,9 @@ def line_figure(df, path, x, y, series=(), facet=None, where=None, agg="median",
     ``agg`` over rows that share them.
 
     ``y`` may be a dict ``{column: legend label}``: each column is then drawn
-    in its own line style for every series. ``where`` (``{column: value}``)
+    in its own line style for every series. Rows measured on several boards
+    (:func:`boards`) are never aggregated together: each board gets its own
+    panel (or, where ``facet`` is given, its own lines). ``where`` (``{column: value}``)
     keeps matching rows when any match; ``order`` lists the x values of a
     categorical axis in plotting order.
 
@@ -166,6 +168,13 @@ def line_figure(df, path, x, y, series=(), facet=None, where=None, agg="median",
 
     ys = {y: None} if isinstance(y, str) else dict(y)
     series = list(series)
+    board = boards(df)
+    if board is not None:
+        df = df.assign(board=board)
+        if facet is None:
+            facet = "board"
+        else:
+            series.append("board")
     if where:
         mask = np.logical_and.reduce([df[c] == v for c, v in where.items()])
         if mask.any():
@@ -235,6 +244,26 @@ def line_figure(df, path, x, y, series=(), facet=None, where=None, agg="median",
                    ncols=min(len(handles), 3 if len(panels) == 1 else 5))
     _title(fig, title, df, 70 * len(panels) if len(panels) > 1 else 80)
     fig.savefig(path, dpi=120)
+
+
+def boards(df):
+    """Where several boards measured ``df``'s rows: a label a row naming its
+    board (``"NVIDIA H200 #3 on host"``, from the ``gpu``, ``gpu_index`` and
+    ``host`` columns); else None (one board, a CPU sweep, or rows from
+    before those columns).
+
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"gpu": ["H200", "H200"], "gpu_index": [0.0, 1.0], "host": ["a", "a"]})
+    >>> boards(df).tolist(), boards(df.iloc[:1])
+    (['H200 #0 on a', 'H200 #1 on a'], None)
+    """
+    if not {"gpu", "gpu_index", "host"} <= set(df.columns):
+        return None
+    index = df["gpu_index"].map(lambda v: "" if v is None or v != v or v == ""
+                                else str(int(v)) if isinstance(v, float) else str(v))
+    label = (df["gpu"].astype(str) + index.map(lambda i: f" #{i}" if i else "")
+             + " on " + df["host"].astype(str))
+    return label if label.nunique() > 1 else None
 
 
 def fixed_params(df):
