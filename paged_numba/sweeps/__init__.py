@@ -13,9 +13,9 @@ sweep's figure when matplotlib is installed. From the shell::
 
 Registered sweeps (:data:`SWEEPS`): ``memory-waste``, ``merge-rule`` and
 ``fp8`` (the attention error of fp8 KV caches) need no GPU; ``exactness`` checks kernels against the float64 reference;
-``decode``, ``paging-overhead`` and ``split-k`` time kernels (CUDA events on
-a GPU; on the simulator one wall-clock call per point, which measures the
-simulator, not a kernel).
+``decode``, ``paging-overhead``, ``split-k`` and ``swap-vs-recompute`` time
+kernels and copies (CUDA events on a GPU; on the simulator one wall-clock
+call per point, which measures the simulator, not a kernel).
 
 Three modules, their public names re-exported here: ``runner`` (the
 machinery), ``figures`` (the plots) and ``definitions`` (the registered
@@ -44,6 +44,7 @@ from .definitions import (ALLOCATORS, L2_BYTES, MAX_ROTATIONS, PAGED_BLOCK_SIZES
                           measure_merge_rule, softmax_average)
 from . import serving  # noqa: E402,F401  (registers sharing, prefix-cache)
 from . import fp8  # noqa: E402,F401  (registers fp8)
+from . import swap  # noqa: E402,F401  (registers swap-vs-recompute)
 
 __all__ = [
     "ALLOCATORS", "ENV_COLUMNS", "L2_BYTES", "MAX_ROTATIONS", "PAGED_BLOCK_SIZES", "SWEEPS",
