@@ -36,7 +36,6 @@ few percent, such as the guard's: ``--variants default default-ng``).
 """
 import argparse
 import functools
-
 import statistics
 
 import numpy as np

@@ -25,20 +25,15 @@ every 10 ms, and the simulator runs a Python thread a CUDA thread, so a
 simulated kernel ran many times slower under it. Start the workers of a
 cluster of your own for the simulator with it off, too.
 """
-import datetime
 import functools
 
-from .runner import environment, require
+from .runner import environment, require, utc_stamp
 
 
 @functools.cache
 def _worker_environment(device):
     """The environment columns of this worker process (its GPU, its host)."""
     return environment(device)
-
-
-def _stamp():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def measure_point(measure, device, point, command):
@@ -57,7 +52,7 @@ def measure_point(measure, device, point, command):
         metrics, error = measure(dict(point)), ""
     except Exception as exc:  # noqa: BLE001 - the row records it, the sweep goes on
         metrics, error = {}, f"{type(exc).__name__}: {exc}"
-    return {**point, **metrics, **_worker_environment(device), "timestamp": _stamp(),
+    return {**point, **metrics, **_worker_environment(device), "timestamp": utc_stamp(),
             "command": command, "error": error}
 
 
@@ -108,7 +103,7 @@ def distributed_rows(sweep, points, command, workers=None, scheduler=None):
                 yield future.result()
             else:       # the task itself failed: its worker died too often
                 exc = future.exception()
-                yield {**point_of[future.key], "timestamp": _stamp(), "command": command,
+                yield {**point_of[future.key], "timestamp": utc_stamp(), "command": command,
                        "error": f"{type(exc).__name__}: {exc}"}
             future.release()
     finally:

@@ -163,9 +163,9 @@ def device_name():
 
 def device_place():
     """``(index, PCI bus id)`` of the CUDA device this process measures on:
-    the index among the host's GPUs (the first of ``CUDA_VISIBLE_DEVICES``
-    where a launcher such as dask-cuda set it, else the current device's) and
-    ``"DDDD:BB:DD.0"``; ``("", "")`` under the simulator.
+    the index among the host's GPUs (the current device's entry of
+    ``CUDA_VISIBLE_DEVICES`` where a launcher such as dask-cuda set it, else
+    its own index) and ``"DDDD:BB:DD.0"``; ``("", "")`` under the simulator.
 
     >>> from paged_numba import simulator_enabled
     >>> device_place() == ("", "") or not simulator_enabled()
@@ -178,11 +178,12 @@ def device_place():
     from numba import cuda
 
     dev = cuda.get_current_device()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    index = visible if visible else str(dev.id)
-    bus = (f"{dev.PCI_DOMAIN_ID:04x}:{dev.PCI_BUS_ID:02x}:{dev.PCI_DEVICE_ID:02x}.0"
-           if hasattr(dev, "PCI_BUS_ID") else "")
-    return index, bus
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if v.strip()]
+    index = visible[dev.id] if dev.id < len(visible) else str(dev.id)
+    pci = dev.get_device_identity()
+    return index, (f"{pci['pci_domain_id']:04x}:{pci['pci_bus_id']:02x}:"
+                   f"{pci['pci_device_id']:02x}.0")
 
 
 def environment(device=True):
@@ -238,6 +239,11 @@ def _save(rows, path, params):
     os.replace(path + ".tmp", path)
 
 
+def utc_stamp():
+    """Now, UTC, ISO 8601 to the second: a row's ``timestamp``."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _failed(row):
     """Whether a CSV row records a point that failed (an ``error``, no metrics)."""
     return str(row.get("error", "")) not in ("", "nan")
@@ -249,8 +255,7 @@ def _local_rows(sweep, points, command):
     env = environment(sweep.device)
     for point in points:
         metrics = sweep.measure(dict(point))
-        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        yield {**point, **metrics, **env, "timestamp": stamp, "command": command}
+        yield {**point, **metrics, **env, "timestamp": utc_stamp(), "command": command}
 
 
 def run_sweep(sweep, quick=False, out_dir="results", progress=True, workers=None,
