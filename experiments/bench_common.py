@@ -23,17 +23,26 @@ def new_run_id():
     return stamp + uuid.uuid4().hex[:6]
 
 
-def write_rows(path, fields, rows, digits=3):
+def write_rows(path, fields, rows, digits=3, keep_runs=False):
     """Write ``rows`` (dicts) to CSV ``path``: only ``fields``, floats rounded
-    to ``digits``; print where they went."""
+    to ``digits``; print where they went. ``keep_runs``: the rows an existing
+    file holds from other runs (another ``run_id`` than the new rows') stay,
+    before the new ones, so that a CSV gathers runs."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    kept = []
+    if keep_runs and os.path.exists(path):
+        ours = {r.get("run_id") for r in rows}
+        with open(path, newline="") as fh:
+            kept = [r for r in csv.DictReader(fh) if r.get("run_id") not in ours]
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore", restval="")
         w.writeheader()
+        w.writerows(kept)
         for r in rows:
             w.writerow({k: (round(v, digits) if isinstance(v, float) else v)
                         for k, v in r.items() if k in fields})
-    print(f"wrote {len(rows)} rows to {path}")
+    print(f"wrote {len(rows)} rows to {path}" + (f" ({len(kept)} of other runs kept)"
+                                                  if kept else ""))
 
 
 def print_table(rows, columns, digits=3):

@@ -446,7 +446,8 @@ def parse_args(argv=None):
     ap.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases of the grid")
     ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL",
                     help=f"only these implementations (of {' '.join(IMPLS)})")
-    ap.add_argument("--out", default="results/prefill_h200.csv")
+    ap.add_argument("--out", default="results/prefill_h200.csv",
+                    help="CSV to write (rows of its earlier runs are kept)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--plan-options", type=json.loads, default=None, metavar="JSON",
                     help="keyword arguments of PrefillPlan for paged_numba (a tiling, "
@@ -512,7 +513,8 @@ def main():
                   f"x{'-' if sdpa == '' else round(sdpa, 2)} SDPA  {r['impl_detail']} "
                   f"{r['tiling']} regs={r['regs']}", flush=True)
         rows += got
-        write_rows(args.out, FIELDS, rows, 3)   # after each case: a run cut short keeps them
+        # after each case (a run cut short keeps them), after the file's earlier runs
+        write_rows(args.out, FIELDS, rows, 3, keep_runs=True)
     if rows:
         print_table(rows, ["case", "impl", "us", "tflops", "ratio_to_sdpa", "ratio_to_fa2",
                            "ratio_to_fa3", "check_max_err"])

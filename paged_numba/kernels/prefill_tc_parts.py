@@ -16,7 +16,7 @@ import functools
 import math
 from types import SimpleNamespace
 
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32, uint16, uint32
 
 from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
@@ -126,6 +126,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     wait_all = wait_group(0)
     pack = pack_pair(dtype)
     _, from_f32 = codec(dtype)
+    BF16 = dtype == "bfloat16"
     quad_max = lane_reducer(3, True)
     quad_sum = lane_reducer(3, False)
 
@@ -354,6 +355,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 if SPLIT:
                     out[row, part, head, d] = o[t, i, 2 * h] * inv
                     out[row, part, head, d + 1] = o[t, i, 2 * h + 1] * inv
+                elif BF16:      # one conversion a pair, rounded to nearest even
+                    w = pack(o[t, i, 2 * h] * inv, o[t, i, 2 * h + 1] * inv)
+                    out[row, head, d] = uint16(w & 0xFFFF)
+                    out[row, head, d + 1] = uint16(w >> 16)
                 else:
                     out[row, head, d] = from_f32(o[t, i, 2 * h] * inv)
                     out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
