@@ -13,9 +13,11 @@ from numba import config, cuda
 
 from ._arrays import logical_dtype, storage_dtype
 from ._launch import launch, numba_stream
-from .kernels.copy_blocks import copy_blocks_kernel
+from .kernels.copy_blocks import copy_blocks_kernel, stage_blocks_kernel
 
 MAX_THREADS = 128
+# device memory a swap stages its blocks through, at most (one DMA per this many bytes)
+STAGING_BYTES = 64 * 2**20
 
 
 def _check_cache(cache):
@@ -217,8 +219,11 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     ``swap_blocks(cache, pool, pairs)`` swaps out (device block ``src`` ->
     host block ``dst``), ``swap_blocks(pool, cache, pairs)`` swaps in, as
     :meth:`BlockManager.swap_out` and :meth:`BlockManager.swap_in` return the
-    pairs. Every layer of a layered cache is copied; each (pair, layer, pool)
-    is one ``cudaMemcpyAsync`` of a block.
+    pairs. Every layer of a layered cache is copied. The blocks go through a
+    device staging array of at most 64 MB at a time: one gather (or scatter)
+    kernel and one copy between the device and the host a chunk; host blocks
+    that form one run (``h, h + 1, ...``) are copied straight into (or from)
+    the pool, others gathered or scattered there by NumPy.
 
     Parameters
     ----------
@@ -232,8 +237,9 @@ def swap_blocks(src, dst, pairs, *, stream=None):
         Copy asynchronously on this stream (a numba, PyTorch or CuPy stream,
         or a raw ``cudaStream_t`` int; the host pool must then be pinned, as
         :func:`host_pool` makes it, and stay alive until the stream is
-        synchronised); default None: synchronous copies. Ignored under the
-        simulator.
+        synchronised; host blocks that are not one run make the call wait
+        for the stream, as NumPy gathers or scatters them); default None:
+        synchronous copies. Ignored under the simulator.
 
     Raises
     ------
@@ -277,14 +283,41 @@ def swap_blocks(src, dst, pairs, *, stream=None):
         return
     k, v, has_value = _flat_pools(cache)
     host = host.reshape(num_host, k.shape[0], 2 * _block_elems(cache))   # [.., layer, K|V]
-    pools = (k, v) if has_value else (k,)
+    dev_ids, host_ids = (arr[:, 0], arr[:, 1]) if out else (arr[:, 1], arr[:, 0])
+    itemsize = host.dtype.itemsize
     half = k.shape[2]
-    for s, d in arr.tolist():
-        dev_b, host_b = (s, d) if out else (d, s)
-        for layer in range(k.shape[0]):
-            for j, pool in enumerate(pools):
-                h = host[host_b, layer, j * half:(j + 1) * half]
-                if out:
-                    pool[layer, dev_b].copy_to_host(h, stream=stream)
-                else:
-                    pool[layer, dev_b].copy_to_device(h, stream=stream)
+    vec = 16 // itemsize
+    if (half * itemsize) % 16 or not (_aligned16(k) and _aligned16(v)):
+        vec = 1
+    kernel = stage_blocks_kernel(vec, has_value, out)
+    threads = min(MAX_THREADS, 32 * -(-(half // vec) // 32))
+    block_bytes = host[0].nbytes                       # one block, every layer, K and V
+    chunk = max(1, min(len(arr), STAGING_BYTES // block_bytes))
+    staging = cuda.device_array((chunk,) + host.shape[1:], host.dtype, stream=stream)
+    waits = not (isinstance(stream, int) and stream == 0)     # copies on a stream return early
+    for at in range(0, len(arr), chunk):
+        ids, hids = dev_ids[at:at + chunk], host_ids[at:at + chunk]
+        n = len(ids)
+        d_ids = cuda.to_device(ids.astype(np.int32), stream=stream)
+        run = _run_start(hids)            # host blocks h .. h + n - 1: one slice, no gather
+        if out:
+            launch(kernel, (n, k.shape[0]), threads, (k, v, d_ids, staging[:n]), stream=stream)
+            if run is not None:
+                staging[:n].copy_to_host(host[run:run + n], stream=stream)
+            else:
+                buf = staging[:n].copy_to_host(stream=stream)
+                if waits:
+                    stream.synchronize()
+                host[hids] = buf
+        else:
+            src = host[run:run + n] if run is not None else host[hids]
+            staging[:n].copy_to_device(src, stream=stream)
+            launch(kernel, (n, k.shape[0]), threads, (k, v, d_ids, staging[:n]), stream=stream)
+            if waits and run is None:
+                stream.synchronize()     # src is a temporary gathered from the pool
+
+
+def _run_start(ids):
+    """``ids[0]`` when ``ids`` is ``ids[0], ids[0] + 1, ...`` (one slice), else None."""
+    first = int(ids[0])
+    return first if np.array_equal(ids, np.arange(first, first + len(ids))) else None

@@ -150,6 +150,34 @@ def test_swap_round_trip(layout, dtype, num_layers):
     np.testing.assert_array_equal(v1, expected_after_copy(v0, moved, num_layers is not None))
 
 
+@pytest.mark.parametrize("staging_blocks", [1, 2, None])      # None: every block in one chunk
+@pytest.mark.parametrize("host_ids", [[1, 2, 3], [3, 0, 2]])  # one run of the pool, or not
+def test_swap_chunks_and_runs(monkeypatch, staging_blocks, host_ids):
+    """Swapping through a staging array of a few blocks (several chunks, the
+    last one short) moves the same bytes as through one chunk, whether the
+    host blocks form one run (copied straight into the pool's slice) or not
+    (gathered and scattered on the host)."""
+    cache = random_cache("nhd", "bfloat16", num_layers=2, seed=5)
+    k0, v0 = pools(cache)
+    host = host_pool(cache, 4)
+    if staging_blocks:
+        monkeypatch.setattr(pn.blocks, "STAGING_BYTES", staging_blocks * host[0].nbytes)
+    dev_ids = [4, 0, 2]
+    swap_blocks(cache, host, list(zip(dev_ids, host_ids)))
+    bits = pn._arrays.host_bits(host)                      # [4, layers, 2, 16]
+    for d, h in zip(dev_ids, host_ids):
+        np.testing.assert_array_equal(bits[h, :, 0], k0[:, d].reshape(2, -1))
+        np.testing.assert_array_equal(bits[h, :, 1], v0[:, d].reshape(2, -1))
+    untouched = sorted(set(range(4)) - set(host_ids))
+    assert not bits[untouched].any()
+    back = [1, 3, 0]                                       # into other device blocks
+    swap_blocks(host, cache, list(zip(host_ids, back)))
+    k1, v1 = pools(cache)
+    moved = list(zip(dev_ids, back))
+    np.testing.assert_array_equal(k1, expected_after_copy(k0, moved, True))
+    np.testing.assert_array_equal(v1, expected_after_copy(v0, moved, True))
+
+
 def test_swap_blocks_bad_inputs_change_nothing():
     cache = random_cache("vllm", "bfloat16")
     host = host_pool(cache, 2)

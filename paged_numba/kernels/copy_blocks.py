@@ -69,3 +69,52 @@ def copy_blocks_kernel(vec, has_value):
             move_kv(key_cache, value_cache, layer, src, dst, i)
 
     return copy_blocks_kernel
+
+
+@functools.cache
+def stage_blocks_kernel(vec, has_value, gather):
+    """Kernel ``(key_cache, value_cache, ids, staging)``; grid ``(num_ids, num_layers)``:
+    the blocks ``ids`` of the pools and a contiguous staging array, for swaps
+    between a device cache and a host pool (one DMA a chunk of blocks).
+
+    NumPy spec, for each ``i`` and layer ``l`` (``half = block_elems``)::
+
+        staging[i, l, :half] = key_cache[l, ids[i]]    # gather; scatter the other way
+        staging[i, l, half:] = value_cache[l, ids[i]]  # (not for "interleaved": one pool,
+                                                       #  staging[i, l] = key_cache[l, ids[i]])
+
+    ``key_cache``/``value_cache`` are ``[num_layers, num_blocks, block_elems]``,
+    ``staging`` ``[num_ids, num_layers, 2 * block_elems]`` (``block_elems`` for
+    "interleaved"), all C-contiguous; ``ids`` int, no id twice when scattering.
+    ``vec`` as for :func:`copy_blocks_kernel`.
+    """
+    VEC = vec
+    GATHER = gather
+
+    @device_function
+    def move(pool, layer, b, staging, i, at, e):
+        if VEC == 1:
+            if GATHER:
+                staging[i, layer, at + e] = pool[layer, b, e]
+            else:
+                pool[layer, b, e] = staging[i, layer, at + e]
+        else:
+            p = (layer * pool.shape[1] + b) * pool.shape[2] + e * VEC
+            q = (i * staging.shape[1] + layer) * staging.shape[2] + at + e * VEC
+            if GATHER:
+                copy16(pool, p, staging, q)
+            else:
+                copy16(staging, q, pool, p)
+
+    @cuda.jit
+    def stage_blocks_kernel(key_cache, value_cache, ids, staging):
+        i = cuda.blockIdx.x
+        layer = cuda.blockIdx.y
+        b = ids[i]
+        half = key_cache.shape[2]
+        for e in range(cuda.threadIdx.x, half // VEC, cuda.blockDim.x):
+            move(key_cache, layer, b, staging, i, 0, e)
+            if has_value:
+                move(value_cache, layer, b, staging, i, half, e)
+
+    return stage_blocks_kernel

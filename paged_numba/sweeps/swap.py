@@ -9,7 +9,9 @@ For one sequence of ``context`` tokens in a cache of ``num_layers`` layers:
   cross the host link twice), and ``swap_gbps`` the bytes moved over it;
 * ``recompute_us``: what the attention of a recompute costs, per layer
   :func:`paged_numba.write_kv` of the context's keys and values and a causal
-  :func:`paged_numba.paged_prefill` of all its tokens, times the layers. A
+  prefill of all its tokens (a :class:`paged_numba.PrefillPlan` a layer,
+  planned before the timing as an engine plans a batch once, then only its
+  launch), times the layers. A
   model's projections and MLP, which a real recompute runs too, are not in
   it, so ``recompute_us`` is a floor and ``swap_over_recompute`` (below 1:
   swapping is faster) an upper bound of swapping's advantage.
@@ -55,8 +57,7 @@ def measure_swap_vs_recompute(p):
     """
     from numba import cuda
 
-    from .. import (PagedKVCache, host_pool, paged_prefill, simulator_enabled, swap_blocks,
-                    write_kv)
+    from .. import PagedKVCache, PrefillPlan, host_pool, simulator_enabled, swap_blocks, write_kv
 
     ctx, layers, h, d, bs = (p["context"], p["num_layers"], p["num_heads"], p["head_size"],
                              p["block_size"])
@@ -82,17 +83,19 @@ def measure_swap_vs_recompute(p):
     cu = np.array([0, ctx], np.int32)
     lens = np.array([ctx], np.int32)
     if not sim:
-        slots, table, cu, lens = (cuda.to_device(a) for a in (slots, table, cu, lens))
+        slots, table = cuda.to_device(slots), cuda.to_device(table)
     views = [cache.layer(i) for i in range(layers)]
+    plans = [PrefillPlan(view, cu, lens, h, causal=True) for view in views]
+    out = plans[0].run(query, table)      # one output buffer for every layer
 
     def swap():
         swap_blocks(cache, pool, pairs)
         swap_blocks(pool, cache, pairs)
 
     def recompute():
-        for view, k, v in zip(views, keys, values):
+        for view, plan, k, v in zip(views, plans, keys, values):
             write_kv(view, k, v, slots, validate=False)
-            paged_prefill(query, view, table, cu, lens, causal=True)
+            plan.run(query, table, out=out)
 
     if sim:
         times = []
