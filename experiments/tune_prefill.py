@@ -21,7 +21,8 @@ tiling and options, ``default-ng`` without the guard) or ``cuda-cores`` (the
 fp32 CUDA-core kernel, default tiling).
 
 Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
-16, random block tables, as in ``bench_prefill.py``) and ``decode-64x4096``
+16, random block tables, as in ``bench_prefill.py``), the same not causal
+(``full-8x2048``: every work item as long as the next), and ``decode-64x4096``
 (one query a sequence, e.g. ``--heads 32 1`` for MQA), with ``--head-size``,
 ``--dtype``, ``--block-size``, ``--heads``.
 
@@ -49,9 +50,12 @@ from paged_numba.kernels import prefill_tc
 from variants import parse_variant
 
 # case: (number of sequences, query tokens each, keys each); a decode case's one
-# query sees every key (bottom-right causal)
+# query sees every key (bottom-right causal); "full-" cases are not causal (every
+# query sees every key: work items of one length, no diagonal tiles)
 CASES = {"causal-8x2048": (8, 2048, 2048), "causal-2x8192": (2, 8192, 8192),
          "causal-1x16384": (1, 16384, 16384), "causal-4x512": (4, 512, 512),
+         "full-128x128": (128, 128, 128), "full-32x512": (32, 512, 512),
+         "full-8x2048": (8, 2048, 2048), "full-2x8192": (2, 8192, 8192),
          "decode-64x4096": (64, 1, 4096), "decode-16x4096": (16, 1, 4096),
          "decode-1x32768": (1, 1, 32768)}
 
@@ -106,11 +110,11 @@ def sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, block_size):
     return qq, torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
 
 
-def variant_plan(name, cache, cu, lens, num_heads):
+def variant_plan(name, cache, cu, lens, num_heads, causal=True):
     """The plan of variant ``name``; ``-ng`` swaps in its kernel built without
     the device guard."""
     if name.endswith("-ng"):
-        plan = variant_plan(name[:-3], cache, cu, lens, num_heads)
+        plan = variant_plan(name[:-3], cache, cu, lens, num_heads, causal)
         if not plan.tensor_cores:
             raise SystemExit(f"-ng applies to the tensor-core kernel, not {name!r}")
         plan._kernel = prefill_tc.prefill_tc_kernel(
@@ -118,11 +122,12 @@ def variant_plan(name, cache, cu, lens, num_heads):
             cache.dtype.name, cache.layout, plan.num_warps, **plan.kernel_options, guard=False)
         return plan
     if name == "cuda-cores":
-        return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=False)
+        return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tensor_cores=False)
     if name == "default":
-        return pn.PrefillPlan(cache, cu, lens, num_heads)
+        return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal)
     nw, bn, options, hpb, parts = parse_variant(name)
-    return pn.PrefillPlan(cache, cu, lens, num_heads, tensor_cores=True, num_warps=nw,
+    return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tensor_cores=True,
+                          num_warps=nw,
                           block_n=bn, heads_per_block=hpb, kernel_options=options,
                           num_parts=parts)
 
@@ -138,11 +143,12 @@ def run_case(case, args):
                                            args.dtype)
     cu = (np.arange(batch + 1) * q_len).astype(np.int32)
     seq_lens = np.asarray(lens, np.int32)
-    pairs = batch * (q_len * (kv_len - q_len) + q_len * (q_len + 1) // 2)
+    causal = q_len > 1 and not case.startswith("full-")   # (one query sees every key)
+    pairs = batch * (q_len * (kv_len - q_len) + q_len * (q_len + 1) // 2 if causal
+                     else q_len * kv_len)
     flops = 4 * args.head_size * H * pairs
     flush = torch.empty(2**28 // 4, dtype=torch.float32, device="cuda")
     qq, kk, vv = sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, args.block_size)
-    causal = q_len > 1          # (q_len == kv_len then; one query sees every key)
     ref = F.scaled_dot_product_attention(qq.float(), kk.float(), vv.float(), is_causal=causal,
                                          enable_gqa=True)
     ref = ref.transpose(1, 2).reshape(q.shape)
@@ -156,7 +162,7 @@ def run_case(case, args):
     notes = {"torch_sdpa": ""}
     for name in args.variants:
         try:
-            plan = variant_plan(name, cache, cu, seq_lens, H)
+            plan = variant_plan(name, cache, cu, seq_lens, H, causal or q_len == 1)
             out = torch.as_tensor(plan.run(dq, dt, validate=True), device="cuda").view(q.dtype)
             torch.cuda.synchronize()
             rel = float((out.float() - ref).norm() / ref.norm())
