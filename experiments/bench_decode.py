@@ -2,11 +2,18 @@
 
     python experiments/bench_decode.py --grid headline --out results/decode_h200.csv
     python experiments/bench_decode.py --grid groups --impls paged_numba flashinfer
+    python experiments/bench_decode.py --grid fp8 --out results/decode_fp8_h200.csv
 
 Cases (``--grid headline``; fp16, head size 128, block size 16): the five
 ``group4-BxC`` rows (B sequences of C tokens, 32 query / 8 KV heads), then
 ``mqa-64x4096`` (32 query heads / 1 KV head) and ``group16-64x4096`` (64 query
 / 4 KV heads); ``--grid groups`` has only the last two, ``--cases`` picks some.
+``--grid fp8`` has the five ``group4-BxC`` rows twice, with an fp16 cache and
+with an E4M3 one (``group4-BxC-e4m3``: fp16 queries, scales 1, the pools
+filled with fp16 normals rounded to E4M3), and ``--grid fp8-all`` adds E5M2
+(``-e5m2``); SDPA is the fp16 one on contiguous K/V in every row, and
+FlashInfer reads the same fp8 pools (``kv_data_type`` float8, ``k_scale`` and
+``v_scale``).
 
 FlashInfer (``flashinfer``, when it imports): ``BatchDecodeWithPagedKVCacheWrapper``
 (``"NHD"``) on the same pools, queries and random block tables (as CSR
@@ -32,7 +39,8 @@ the large ones: ``docs/journal/tooling.md``, "The replay queued behind a spin
 kernel, 2026-11-30").
 The device's copy bandwidth is measured in the same run.
 Bytes counted: one read of K and V (``2 * seq_len * num_kv_heads *
-head_size * itemsize`` per sequence) plus the query and the output.
+head_size * itemsize`` per sequence, the cache's itemsize: 1 for fp8, and 2
+for SDPA's fp16 copy) plus the query and the output.
 """
 import argparse
 import math
@@ -58,7 +66,7 @@ WARM_S = 0.1       # seconds of graph replays before each timing
 QUEUE_CYCLES = 200_000   # spin before each timed replay (~0.1 ms, longer than submitting it)
 QUEUED = True      # False: --idle-start
 FIELDS = ["run_id", "gpu", "impl", "case", "batch", "context", "num_heads", "num_kv_heads",
-          "head_size", "block_size", "dtype", "layout", "table", "num_partitions", "us", "gbps",
+          "head_size", "block_size", "dtype", "kv_dtype", "layout", "table", "num_partitions", "us", "gbps",
           "pct_copy_bw", "ratio_to_sdpa", "ratio_to_flashinfer", "host_us", "copy_gbps",
           "impl_detail", "timing", "max_err", "command"]
 
@@ -137,13 +145,26 @@ def kv_bytes(batch, context, num_kv_heads, head_size, itemsize):
     return 2 * batch * context * num_kv_heads * head_size * itemsize
 
 
+def torch_pools(cache):
+    """The cache's K and V pools as torch tensors of its dtype (fp8 pools hold
+    uint8 codes: viewed as torch's float8 of the same format)."""
+    pools = tuple(torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
+    if cache.dtype.name.startswith("float8"):
+        pools = tuple(p.view(getattr(torch, cache.dtype.name)) for p in pools)
+    return pools
+
+
 def check_against_sdpa(cache, query, table, context, out, seqs=2):
     """Largest |paged_numba - SDPA in fp32| over the first ``seqs`` sequences
-    (an "nhd" cache gathered through the table): a sanity check of the timed
-    kernel on the timed shapes; the test suite does the real checking."""
+    (an "nhd" cache gathered through the table, fp8 codes times their scales): a
+    sanity check of the timed kernel on the timed shapes; the test suite does
+    the real checking."""
     if cache.layout != "nhd":
         return float("nan")
-    kpool, vpool = (torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
+    kpool, vpool = (p.float() for p in torch_pools(cache))
+    if cache.dtype.name.startswith("float8"):
+        scales = torch.as_tensor(cache.kv_scales, device="cuda")        # [2, num_kv_heads]
+        kpool, vpool = kpool * scales[0, :, None], vpool * scales[1, :, None]
     q = torch.as_tensor(query, device="cuda")[:seqs].float()
     tab = torch.as_tensor(table, device="cuda")[:seqs].long()
     k = kpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)   # [s, kvh, ctx, d]
@@ -159,7 +180,9 @@ def flashinfer_rows(fi, cache, qts, tab_ts, context, reps):
     captured in a CUDA graph like the others (eagerly with events if that fails)."""
     batch, num_heads = qts[0].shape[:2]
     group = num_heads // cache.num_kv_heads
-    pools = tuple(torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
+    pools = torch_pools(cache)
+    fp8 = cache.dtype.name.startswith("float8")
+    scales = dict(k_scale=float(cache.k_scale), v_scale=float(cache.v_scale)) if fp8 else {}
     rule = group >= 4       # FlashInfer's own rule (sparse.py: R * group < 4 -> CUDA cores)
     rows = []
     for tc in (rule, not rule):
@@ -179,10 +202,10 @@ def flashinfer_rows(fi, cache, qts, tab_ts, context, reps):
                 w.plan(*csr_pages(t, [context] * batch, cache.block_size), num_heads,
                        cache.num_kv_heads, cache.head_size, cache.block_size,
                        pos_encoding_mode="NONE", q_data_type=qts[0].dtype,
-                       kv_data_type=qts[0].dtype)
+                       kv_data_type=pools[0].dtype)
                 wrappers.append(w)
             outs = [torch.empty_like(q) for q in qts]
-            calls = [lambda w=w, q=q, o=o: w.run(q, pools, out=o)
+            calls = [lambda w=w, q=q, o=o: w.run(q, pools, out=o, **scales)
                      for w, q, o in zip(wrappers, qts, outs)]
             for call in calls:
                 call()
@@ -211,20 +234,30 @@ def flashinfer_rows(fi, cache, qts, tab_ts, context, reps):
 
 
 def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype,
-                 layout="nhd", tables=("random", "identity"), partitions=(None,), reps=30,
-                 sdpa=True, tuning=None, numba=True, fi=None):
-    """Time one configuration; return a list of result dicts. ``numba=False``
-    leaves paged_numba out; ``fi``, the flashinfer module, adds its rows (on the
+                 kv_dtype=None, layout="nhd", tables=("random", "identity"), partitions=(None,),
+                 reps=30, sdpa=True, tuning=None, numba=True, fi=None):
+    """Time one configuration; return a list of result dicts. ``dtype`` is the
+    queries' (and SDPA's), ``kv_dtype`` the cache's (default ``dtype``; fp8: the
+    pools hold fp16 normals rounded to it, scales 1). ``numba=False`` leaves
+    paged_numba out; ``fi``, the flashinfer module, adds its rows (on the
     random table of an "nhd" cache)."""
+    kv_dtype = kv_dtype or dtype
     tdtype = getattr(torch, dtype)
     itemsize = torch.finfo(tdtype).bits // 8
-    per_set = kv_bytes(batch, context, num_kv_heads, head_size, itemsize)
+    kv_itemsize = torch.finfo(getattr(torch, kv_dtype)).bits // 8
+    per_set = kv_bytes(batch, context, num_kv_heads, head_size, kv_itemsize)
     rot = max(1, math.ceil(4 * L2_BYTES / per_set))
     blocks_per_seq = -(-context // block_size)
     num_blocks = rot * batch * blocks_per_seq
-    cache = pn.PagedKVCache(num_blocks, block_size, num_kv_heads, head_size, dtype, layout)
+    cache = pn.PagedKVCache(num_blocks, block_size, num_kv_heads, head_size, kv_dtype, layout)
     for pool in (cache.key_cache, cache.value_cache):
-        torch.as_tensor(pool, device="cuda").normal_()
+        pool = torch.as_tensor(pool, device="cuda")
+        if kv_itemsize == 1:        # fp8 codes (uint8): fp16 normals rounded to the format
+            for chunk in pool.view(pool.shape[0], -1).split(4096):
+                chunk.copy_(torch.randn(chunk.shape, dtype=torch.float16, device="cuda")
+                            .to(getattr(torch, kv_dtype)).view(torch.uint8))
+        else:
+            pool.normal_()
     lens = cuda.to_device(np.full(batch, context, np.int32))
     qts = [torch.randn(batch, num_heads, head_size, dtype=tdtype, device="cuda")
            for _ in range(rot)]
@@ -275,11 +308,14 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
         calls = [lambda q=q, k=k, v=v: f(q, k, v, enable_gqa=True) for q, k, v in zip(qs, ks, vs)]
         us = graph_time(calls, reps)
         rows.append(dict(impl="torch_sdpa_contiguous", table="contiguous", num_partitions="",
-                         us=us, host_us=""))
+                         us=us, host_us="", kv_dtype=dtype))
         del ks, vs
     del cache
-    nbytes = per_set + 2 * batch * num_heads * head_size * itemsize
     for r in rows:
+        r.setdefault("kv_dtype", kv_dtype)
+        kv_size = torch.finfo(getattr(torch, r["kv_dtype"])).bits // 8
+        nbytes = (kv_bytes(batch, context, num_kv_heads, head_size, kv_size)
+                  + 2 * batch * num_heads * head_size * itemsize)
         r.update(batch=batch, context=context, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, dtype=dtype, layout=layout,
                  gbps=nbytes / r["us"] / 1e3)
@@ -288,11 +324,17 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
 
 def cases(name):
     """Named configurations ``{case: (batch, context, num_heads, num_kv_heads,
-    head_size, block_size, dtype)}`` of the headline, groups and quick grids."""
+    head_size, block_size, dtype[, kv_dtype])}`` of the headline, groups, fp8
+    and quick grids."""
     group4 = {f"group4-{b}x{c}": (b, c, 32, 8, 128, 16, "float16") for b, c in HEADLINE}
     groups = {case: (*g, 128, 16, "float16") for case, g in GROUPS.items()}
     if name == "headline":
         return {**group4, **groups}
+    if name in ("fp8", "fp8-all"):
+        formats = {"e4m3": "float8_e4m3fn"} | ({"e5m2": "float8_e5m2"} if name == "fp8-all"
+                                               else {})
+        return {**group4, **{f"{case}-{short}": (*cfg, fmt) for case, cfg in group4.items()
+                             for short, fmt in formats.items()}}
     if name == "groups":
         return groups
     if name == "quick":
@@ -357,7 +399,8 @@ def full_grid(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", default="headline", choices=["headline", "groups", "quick", "full"])
+    ap.add_argument("--grid", default="headline",
+                    choices=["headline", "groups", "fp8", "fp8-all", "quick", "full"])
     ap.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases of the grid")
     ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL",
                     help=f"only these implementations (of {' '.join(IMPLS)}; not for --grid full)")
