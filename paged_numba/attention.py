@@ -8,6 +8,7 @@ from ._group_decode import GroupDecode, group_parts, group_tile
 from .cache import kernel_scales
 from .interop import LikeInput, Results, plan_buffer
 from .interop import overlaps as _overlaps
+from .kernels import decode_tc_tiling as decode_tc
 from .kernels.decode import heads_per_block
 from .kernels.merge import merge_kernel
 from ._decode_launch import (  # noqa: F401  (attention.launch_shape etc., as before)
@@ -176,6 +177,26 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     return results.finish(return_lse)
 
 
+def _heads_per_block(value, group, cache, tensor_cores, pv_mma):
+    """A decode plan's query heads a block: the default (the largest divisor of
+    the group up to 8), or ``value`` checked: a divisor of the group, at most
+    8, or 16 on the tensor-core kernel with P @ V on tensor cores."""
+    if value is None:
+        return heads_per_block(group)
+    hpb = C.integer("heads_per_block", value, lo=1)
+    if group % hpb or hpb > decode_tc.MAX_PV_MMA_HPB:
+        raise ValueError(f"heads_per_block must divide the GQA group size {group} and be at "
+                         f"most {decode_tc.MAX_PV_MMA_HPB}, but got {hpb}.")
+    if hpb > decode_tc.MAX_HPB and (
+            tensor_cores is False or pv_mma is False
+            or not decode_tc.supports(cache.head_size, hpb, cache.dtype.name, cache.layout)):
+        raise ValueError(f"heads_per_block={hpb} (more than {decode_tc.MAX_HPB}) needs the "
+                         f"tensor-core kernel with pv_mma (a float16/bfloat16 cache, head_size in "
+                         f"{decode_tc.HEAD_SIZES}), but got tensor_cores={tensor_cores}, "
+                         f"pv_mma={pv_mma}, {cache.dtype.name}, head_size={cache.head_size}.")
+    return hpb
+
+
 class DecodePlan:
     """Decode attention planned once per batch shape and run many times.
 
@@ -221,6 +242,12 @@ class DecodePlan:
         For an fp8 cache: the dtype of the queries ``run`` gets and of its
         output (default float16). Other caches take queries of their own
         dtype only (None or that dtype).
+    heads_per_block : int, optional
+        Query heads a thread block takes (a divisor of the GQA group; default
+        the largest up to 8). 16, for groups of 16 and more, needs the
+        tensor-core kernel with P @ V on tensor cores: all 16 rows of its
+        ``mma``, so each K/V byte of the group is read once instead of twice.
+        Given, it also keeps MQA and groups of 32 or more on the decode kernels.
 
     MQA and GQA groups of 32 or more query heads run on the tensor-core
     prefill tile with split-K (``paged_numba._group_decode``) wherever it
@@ -251,7 +278,8 @@ class DecodePlan:
     def __init__(self, cache, num_seqs, num_heads, max_blocks, *, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
-                 tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None):
+                 tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None,
+                 heads_per_block=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
@@ -272,10 +300,11 @@ class DecodePlan:
         self._decode = self._graph = self._group = None
         max_context = max(self.max_blocks * cache.block_size, 1)
         tile = group_tile(cache, num_heads, C.optional_flag("tensor_cores", tensor_cores))
-        if tile is not None:         # MQA and groups of 32 or more: the prefill tile
+        if tile is not None and heads_per_block is None:   # MQA, groups of 32 or more: the prefill tile
             self._plan_group(tile, num_partitions, max_context)
             return
-        self.heads_per_block = hpb = heads_per_block(num_heads // cache.num_kv_heads)
+        self.heads_per_block = hpb = _heads_per_block(
+            heads_per_block, num_heads // cache.num_kv_heads, cache, tensor_cores, pv_mma)
         self.num_warps, self.num_partitions, self.partition_size = launch_shape(
             num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
             unroll, stages, tensor_cores, pv_mma, key_rows)

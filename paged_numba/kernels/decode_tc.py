@@ -91,9 +91,15 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
+    if heads_per_block > MAX_HPB and not pv_mma:
+        raise ValueError(f"heads_per_block={heads_per_block} (more than {MAX_HPB}) needs pv_mma=True: "
+                         f"the CUDA-core P @ V holds {MAX_HPB} heads a lane at most")
     D = head_size
     BLOCK_SIZE = block_size
     HPB = heads_per_block
+    TWO = HPB > 8                         # heads 8..15 in the mma's rows 8..15 (c2, c3)
+    NH = 2 if TWO else 1                  # 8-head halves of P @ V's output tiles
+    HROWS = 16 if TWO else MAX_HPB        # rows of the warps' (m, l) tables
     HP4 = -(-HPB // 4) * 4                # probability row padded to whole 16-byte reads
     VEC = 8
     NVEC = D // VEC
@@ -136,14 +142,25 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     if PV:
         @device_function
         def put_row(acc_s, warp, hh, r, c, o, f):
-            """Lanes of column pair ``hh // 2`` hold head ``hh``'s output in their
-            mma tiles: dims ``16 i + r`` and ``16 i + r + 8``; the 2**15 of the
-            weights comes off here (exactly)."""
-            if c == hh // 2:
+            """Lanes of column pair ``(hh % 8) // 2`` hold head ``hh``'s output in
+            their mma tiles of half ``hh // 8``: dims ``16 i + r`` and ``16 i + r +
+            8``; the 2**15 of the weights comes off here (exactly)."""
+            if c == (hh % 8) // 2:
                 f = f * float32(2.0 ** -15)
-                for i in range(NMMA):
-                    acc_s[warp, 16 * i + r] = o[i, hh % 2] * f
-                    acc_s[warp, 16 * i + r + 8] = o[i, 2 + hh % 2] * f
+                if not TWO:
+                    for i in range(NMMA):
+                        acc_s[warp, 16 * i + r] = o[0, i, hh % 2] * f
+                        acc_s[warp, 16 * i + r + 8] = o[0, i, 2 + hh % 2] * f
+                else:   # constant indices only: the tiles stay in registers
+                    odd = hh % 2 == 1
+                    for i in range(NMMA):
+                        x0 = o[0, i, 1] if odd else o[0, i, 0]
+                        x2 = o[0, i, 3] if odd else o[0, i, 2]
+                        if hh >= 8:
+                            x0 = o[NH - 1, i, 1] if odd else o[NH - 1, i, 0]
+                            x2 = o[NH - 1, i, 3] if odd else o[NH - 1, i, 2]
+                        acc_s[warp, 16 * i + r] = x0 * f
+                        acc_s[warp, 16 * i + r + 8] = x2 * f
         merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32, put_row)
     else:
         merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32)
@@ -297,6 +314,87 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             for e in range(VEC):
                 ring[base + e] = value_cache[blk, kvh, lr * VEC + e, tok]
 
+    @device_function
+    def load_a(qa, query, seq, h, valid, c):
+        """A-fragment words of query row ``h`` (zeros unless ``valid``): vector
+        ``c + 4i`` holds the words of k-steps ``2i`` (words 0, 1) and ``2i + 1``
+        (words 2, 3); with ``key_rows`` k-step ``kk`` takes words ``c`` of vectors
+        ``2 kk`` and ``2 kk + 1``."""
+        for i in range(KV4):
+            w0 = uint32(0)
+            w1 = uint32(0)
+            w2 = uint32(0)
+            w3 = uint32(0)
+            if valid and not KR:
+                w0, w1, w2, w3 = load_words(query, ((seq * query.shape[1] + h) * D
+                                                    + (c + 4 * i) * VEC))
+            if valid and KR:
+                w0 = query_word(query, seq, h, 4 * i, c)
+                w1 = query_word(query, seq, h, 4 * i + 1, c)
+                w2 = query_word(query, seq, h, 4 * i + 2, c)
+                w3 = query_word(query, seq, h, 4 * i + 3, c)
+            qa[4 * i] = w0
+            qa[4 * i + 1] = w1
+            qa[4 * i + 2] = w2
+            qa[4 * i + 3] = w3
+
+    @device_function
+    def weights(d0, d1, valid, slope, m_run, l_run, t0, start, end, qpos, qscale, soft_cap,
+                cap2):
+        """One head's step of the online softmax over the lane's logits ``d0,
+        d1`` (tokens ``t0, t0 + 1``; all masked unless ``valid``): the weights,
+        the new maximum and sum, the rescale factor and whether the maximum grew."""
+        z0 = d0 * qscale
+        z1 = d1 * qscale
+        if soft_cap > 0.0:
+            z0 = cap2 * math.tanh(z0 / cap2)
+            z1 = cap2 * math.tanh(z1 / cap2)
+        t1 = int32(t0 + 1)
+        z0 += slope * float32(int32(t0 - qpos))
+        z1 += slope * float32(int32(t1 - qpos))
+        if not valid or t0 < start or t0 >= end:
+            z0 = NEG_INF
+        if not valid or t1 < start or t1 >= end:
+            z1 = NEG_INF
+        m_new = max(m_run, quad_max(max(z0, z1)))
+        grew = m_new > m_run
+        alpha = float32(1.0)
+        if grew:
+            alpha = math.exp2(m_run - m_new)
+        # exp2 of -inf - 0 is 0; a NaN logit stays NaN (NaN in, NaN out)
+        m_use = m_new if m_new != NEG_INF else float32(0.0)
+        p0 = math.exp2(z0 - m_use)
+        p1 = math.exp2(z1 - m_use)
+        return p0, p1, m_new, l_run * alpha + p0 + p1, alpha, grew
+
+    @device_function
+    def rescale_half(o, hf, alpha, c):
+        """Scale half ``hf``'s output tiles by their heads' factors (lane ``(r,
+        c)`` holds heads ``2c`` and ``2c + 1`` of the half: lanes ``8c`` and ``8c + 4``
+        hold their factors)."""
+        a_even = cuda.shfl_sync(FULL_MASK, alpha, 8 * c)       # head 2c
+        a_odd = cuda.shfl_sync(FULL_MASK, alpha, 8 * c + 4)    # head 2c + 1
+        for i in range(NMMA):
+            o[hf, i, 0] *= a_even
+            o[hf, i, 1] *= a_odd
+            o[hf, i, 2] *= a_even
+            o[hf, i, 3] *= a_odd
+
+    @device_function
+    def pv_tiles(o, hf, k, w0, w1, w2, w3, p_lo, p_hi):
+        """Output tiles ``2k`` and ``2k + 1`` of half ``hf`` += the value words of
+        ldmatrix ``k`` times the weights (``P^T``'s B fragment, low then high half)."""
+        t = 2 * k
+        o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
+            w0, w1, p_lo, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
+        o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
+            w0, w1, p_hi, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
+        t = 2 * k + 1
+        o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
+            w2, w3, p_lo, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
+        o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
+            w2, w3, p_hi, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
+
     @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
                  else dict(max_registers=max_registers)))
     def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
@@ -324,49 +422,43 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         end = int32(min(part * partition_size + partition_size, seq_len))
         hi = int32(end - 1)
 
-        m_s = cuda.shared.array((NW, MAX_HPB), float32)
-        l_s = cuda.shared.array((NW, MAX_HPB), float32)
+        m_s = cuda.shared.array((NW, HROWS), float32)
+        l_s = cuda.shared.array((NW, HROWS), float32)
         alpha_s = cuda.shared.array((NW, MAX_HPB), float32, alignment=16)
-        p_s = cuda.shared.array((NW, STEP, MAX_HPB), float32, alignment=16)
+        # (the CUDA-core P @ V's weights; none with two halves, whose tables are larger)
+        p_s = cuda.shared.array((NW, 1 if TWO else STEP, 1 if TWO else MAX_HPB), float32,
+                                alignment=16)
         acc_s = cuda.shared.array((NW, D), float32)
         ring = cuda.shared.array(0 if DYNAMIC else RING, SMEM_T, alignment=16)
 
-        # A fragments: query row h0 + r (zero for r >= HPB), vector c + 4i holds
-        # the words of k-steps 2i (words 0, 1) and 2i + 1 (words 2, 3)
+        # A fragments: query row h0 + r (zero for r >= HPB); with two halves
+        # row h0 + r + 8 too (the mma's rows 8..15), else zeros
         qa = cuda.local.array(QA, uint32)
-        for i in range(KV4):
-            w0 = uint32(0)
-            w1 = uint32(0)
-            w2 = uint32(0)
-            w3 = uint32(0)
-            if r < HPB and not KR:
-                w0, w1, w2, w3 = load_words(query, ((seq * query.shape[1] + h0 + r) * D
-                                                    + (c + 4 * i) * VEC))
-            if r < HPB and KR:   # k-step kk: words c of vectors 2 kk (a0) and 2 kk + 1 (a2)
-                w0 = query_word(query, seq, h0 + r, 4 * i, c)
-                w1 = query_word(query, seq, h0 + r, 4 * i + 1, c)
-                w2 = query_word(query, seq, h0 + r, 4 * i + 2, c)
-                w3 = query_word(query, seq, h0 + r, 4 * i + 3, c)
-            qa[4 * i] = w0
-            qa[4 * i + 1] = w1
-            qa[4 * i + 2] = w2
-            qa[4 * i + 3] = w3
+        qb = cuda.local.array(QA, uint32)
+        load_a(qa, query, seq, h0 + r, r < HPB, c)
+        load_a(qb, query, seq, h0 + r + 8, TWO and r + 8 < HPB, c)
         zero = uint32(0)
         qscale = scale * float32(LOG2E)
         cap2 = soft_cap * float32(LOG2E)
         slope = float32(0.0)
         if r < HPB:
             slope = alibi_slopes[h0 + r] * float32(LOG2E)
+        slope2 = float32(0.0)
+        if TWO and r + 8 < HPB:
+            slope2 = alibi_slopes[h0 + r + 8] * float32(LOG2E)
         m_run = NEG_INF
         l_run = float32(0.0)
+        m_run2 = NEG_INF            # head r + 8 (two halves)
+        l_run2 = float32(0.0)
         acc = cuda.local.array((HPB, VEC), float32)
         for hh in range(HPB):
             for e in range(VEC):
                 acc[hh, e] = 0.0
-        o = cuda.local.array((NMMA, 4), float32)   # PV: the mma tiles of O^T
-        for i in range(NMMA):
-            for e in range(4):
-                o[i, e] = 0.0
+        o = cuda.local.array((NH, NMMA, 4), float32)   # PV: the mma tiles of O^T, a half each
+        for hf in range(NH):
+            for i in range(NMMA):
+                for e in range(4):
+                    o[hf, i, e] = 0.0
         kw = cuda.local.array(KW, uint32)
         vr = cuda.local.array(VEC, float32)
         pr = cuda.local.array(HP4, float32)
@@ -437,58 +529,41 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             d2 = float32(0.0)
             d3 = float32(0.0)
             for kk in range(KSTEPS):
-                d0, d1, d2, d3 = mma(qa[2 * kk], zero, qa[2 * kk + 1], zero,
+                d0, d1, d2, d3 = mma(qa[2 * kk], qb[2 * kk] if TWO else zero, qa[2 * kk + 1],
+                                     qb[2 * kk + 1] if TWO else zero,
                                      kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
-            # -- online softmax (variants in order: soft cap, ALiBi; then the mask)
+            # -- online softmax (variants in order: soft cap, ALiBi; then the mask):
+            # head r from (d0, d1), with two halves head r + 8 from (d2, d3)
             t0 = int32(s0 + 2 * c)
-            z0 = d0 * qscale
-            z1 = d1 * qscale
-            if soft_cap > 0.0:
-                z0 = cap2 * math.tanh(z0 / cap2)
-                z1 = cap2 * math.tanh(z1 / cap2)
-            t1 = int32(t0 + 1)
-            z0 += slope * float32(int32(t0 - qpos))
-            z1 += slope * float32(int32(t1 - qpos))
-            if r >= HPB or t0 < start or t0 >= end:
-                z0 = NEG_INF
-            if r >= HPB or t1 < start or t1 >= end:
-                z1 = NEG_INF
-            m_new = max(m_run, quad_max(max(z0, z1)))
-            grew = m_new > m_run
-            alpha = float32(1.0)
-            if grew:
-                alpha = math.exp2(m_run - m_new)
-            # exp2 of -inf - 0 is 0; a NaN logit stays NaN (NaN in, NaN out)
-            m_use = m_new if m_new != NEG_INF else float32(0.0)
-            p0 = math.exp2(z0 - m_use)
-            p1 = math.exp2(z1 - m_use)
-            l_run = l_run * alpha + p0 + p1
-            m_run = m_new
+            p0, p1, m_run, l_run, alpha, grew = weights(
+                d0, d1, r < HPB, slope, m_run, l_run, t0, start, end, qpos, qscale, soft_cap,
+                cap2)
+            p2 = float32(0.0)
+            p3 = float32(0.0)
+            alpha2 = float32(1.0)
+            grew2 = False
+            if TWO:
+                p2, p3, m_run2, l_run2, alpha2, grew2 = weights(
+                    d2, d3, r + 8 < HPB, slope2, m_run2, l_run2, t0, start, end, qpos, qscale,
+                    soft_cap, cap2)
             if PV:
                 # -- P @ V on tensor cores: O^T += V^T P^T, 16 dims x 8 heads a tile;
-                # this lane's (p0, p1) is P^T's B fragment as it stands
+                # this lane's (p0, p1) is P^T's B fragment as it stands ((p2, p3) the
+                # second half's)
                 p_hi, p_lo = split_p(p0, p1)
+                q_hi, q_lo = p_hi, p_lo
+                if TWO:
+                    q_hi, q_lo = split_p(p2, p3)
                 if cuda.any_sync(FULL_MASK, grew):
-                    a_even = cuda.shfl_sync(FULL_MASK, alpha, 8 * c)       # head 2c
-                    a_odd = cuda.shfl_sync(FULL_MASK, alpha, 8 * c + 4)    # head 2c + 1
-                    for i in range(NMMA):
-                        o[i, 0] *= a_even
-                        o[i, 1] *= a_odd
-                        o[i, 2] *= a_even
-                        o[i, 3] *= a_odd
+                    rescale_half(o, 0, alpha, c)
+                if TWO and cuda.any_sync(FULL_MASK, grew2):
+                    rescale_half(o, 1, alpha2, c)
                 for k in range(NLDM):
                     w0, w1, w2, w3 = ldmatrix_x4_trans(
                         ring, ((stage * CPS + lstrip) * NT + (lrow ^ (4 * k))) * VEC)
-                    o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3] = mma8(
-                        w0, w1, p_lo, o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3])
-                    o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3] = mma8(
-                        w0, w1, p_hi, o[2 * k, 0], o[2 * k, 1], o[2 * k, 2], o[2 * k, 3])
-                    o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2], o[2 * k + 1, 3] = mma8(
-                        w2, w3, p_lo, o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2],
-                        o[2 * k + 1, 3])
-                    o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2], o[2 * k + 1, 3] = mma8(
-                        w2, w3, p_hi, o[2 * k + 1, 0], o[2 * k + 1, 1], o[2 * k + 1, 2],
-                        o[2 * k + 1, 3])
+                    pv_tiles(o, 0, k, w0, w1, w2, w3, p_lo, p_hi)
+                    if TWO:
+                        pv_tiles(o, 1, k, w0, w1, w2, w3, q_lo, q_hi)
                 stage = int32(stage + 1 if stage + 1 < STAGES else 0)
                 continue
             cuda.syncwarp()                          # the last step's reads of p_s are done
@@ -535,6 +610,11 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         if c == 0 and r < HPB:
             m_s[warp, r] = m_run
             l_s[warp, r] = l_run
+        if TWO:
+            l_run2 = quad_sum(l_run2)
+            if c == 0 and r + 8 < HPB:
+                m_s[warp, r + 8] = m_run2
+                l_s[warp, r + 8] = l_run2
         if PV:
             merge_warps(out, lse, seq, part, h0, warp, tid, r, c, o, m_s, l_s, acc_s)
         else:

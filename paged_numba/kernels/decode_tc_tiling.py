@@ -7,6 +7,7 @@ HEAD_SIZES = (32, 64, 128, 256)
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 DTYPES = ("float16", "bfloat16")
 MAX_HPB = 8
+MAX_PV_MMA_HPB = 16         # with P @ V on tensor cores: the mma's 16 rows, two 8-head halves
 STEP = 8                    # tokens per warp step: the mma's N
 # paged_decode's choice of decode_tc_kernel(pv_mma=..., key_rows=...) (see the factory):
 SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 grid)
@@ -14,8 +15,9 @@ MAX_SHARED_BYTES = 232448    # static + dynamic shared memory of one block (sm_9
 
 
 def supports(head_size, heads_per_block, dtype, layout):
-    """Whether :func:`decode_tc_kernel` handles this combination."""
-    return (head_size in HEAD_SIZES and heads_per_block <= MAX_HPB and dtype in DTYPES
+    """Whether :func:`decode_tc_kernel` handles this combination (more than
+    ``MAX_HPB`` heads a block only with ``pv_mma``)."""
+    return (head_size in HEAD_SIZES and heads_per_block <= MAX_PV_MMA_HPB and dtype in DTYPES
             and layout in LAYOUTS)
 
 

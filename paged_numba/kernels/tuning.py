@@ -132,7 +132,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     if tensor_cores and not usable:
         raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache in one of the layouts "
                          f"{decode_tc.LAYOUTS}, head_size in {decode_tc.HEAD_SIZES} and at most "
-                         f"{decode_tc.MAX_HPB} query heads per KV head and block, but got "
+                         f"{decode_tc.MAX_HPB} query heads per block (16 with pv_mma), but got "
                          f"{dtype}, {layout!r}, head_size={head_size}, heads_per_block={hpb}.")
     if usable and tensor_cores is not False:
         # the warps split the tokens, so they decide the rounding: choose them as for
