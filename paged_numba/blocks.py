@@ -50,6 +50,18 @@ def _aligned16(pool):
     return pool.__cuda_array_interface__["data"][0] % 16 == 0
 
 
+def _vector_threads(k, v):
+    """``(elements a vector, threads a block)`` of the kernels that move blocks of
+    the ``[num_layers, num_blocks, elems]`` pools ``k``, ``v``: 16-byte vectors
+    where a block's bytes are a multiple of 16 and the pools 16-byte aligned,
+    else single elements; a warp multiple of threads up to ``MAX_THREADS``."""
+    itemsize, elems = k.dtype.itemsize, k.shape[2]
+    vec = 16 // itemsize
+    if (elems * itemsize) % 16 or not (_aligned16(k) and _aligned16(v)):
+        vec = 1
+    return vec, min(MAX_THREADS, 32 * -(-(elems // vec) // 32))
+
+
 def check_pairs(pairs, num_src, num_dst, same_pool, src_name="source", dst_name="destination"):
     """``pairs`` as an int64 array ``[num_pairs, 2]``, after checking that sources lie
     in ``[0, num_src)``, destinations in ``[0, num_dst)``, no destination appears
@@ -134,12 +146,7 @@ def copy_blocks(cache, pairs, *, stream=None):
     if arr.shape[0] == 0:
         return
     k, v, has_value = _flat_pools(cache)
-    itemsize = storage_dtype(cache.dtype).itemsize
-    elems = k.shape[2]
-    vec = 16 // itemsize
-    if (elems * itemsize) % 16 or not (_aligned16(k) and _aligned16(v)):
-        vec = 1
-    threads = min(MAX_THREADS, 32 * -(-(elems // vec) // 32))
+    vec, threads = _vector_threads(k, v)
     kernel = copy_blocks_kernel(vec, has_value)
     d_pairs = cuda.to_device(arr.astype(np.int32), stream=stream)
     launch(kernel, (arr.shape[0], k.shape[0]), threads, (k, v, d_pairs), stream=stream)
@@ -284,13 +291,8 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     k, v, has_value = _flat_pools(cache)
     host = host.reshape(num_host, k.shape[0], 2 * _block_elems(cache))   # [.., layer, K|V]
     dev_ids, host_ids = (arr[:, 0], arr[:, 1]) if out else (arr[:, 1], arr[:, 0])
-    itemsize = host.dtype.itemsize
-    half = k.shape[2]
-    vec = 16 // itemsize
-    if (half * itemsize) % 16 or not (_aligned16(k) and _aligned16(v)):
-        vec = 1
+    vec, threads = _vector_threads(k, v)
     kernel = stage_blocks_kernel(vec, has_value, out)
-    threads = min(MAX_THREADS, 32 * -(-(half // vec) // 32))
     block_bytes = host[0].nbytes                       # one block, every layer, K and V
     chunk = max(1, min(len(arr), STAGING_BYTES // block_bytes))
     staging = cuda.device_array((chunk,) + host.shape[1:], host.dtype, stream=stream)
