@@ -256,8 +256,8 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
             for chunk in pool.view(pool.shape[0], -1).split(4096):
                 chunk.copy_(torch.randn(chunk.shape, dtype=torch.float16, device="cuda")
                             .to(getattr(torch, kv_dtype)).view(torch.uint8))
-        else:
-            pool.normal_()
+        else:                       # bf16 pools hold bit patterns (uint16): fill them as bf16
+            pool.view(getattr(torch, kv_dtype)).normal_()
     lens = cuda.to_device(np.full(batch, context, np.int32))
     qts = [torch.randn(batch, num_heads, head_size, dtype=tdtype, device="cuda")
            for _ in range(rot)]
@@ -292,7 +292,9 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
             kern = plans[0]._decode
             regs = ("" if not hasattr(kern, "dispatcher") else
                     [getattr(k, "regs_per_thread", "") for k in kern.dispatcher.overloads.values()])
+            kind = "prefill tile" if plans[0]._group is not None else "decode kernel"
             rows.append(dict(impl="paged_numba", table=table_kind,
+                             impl_detail=f"{kind}, heads_per_block={plans[0].heads_per_block}",
                              num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
                              merge_us=merge_us,
                              regs=regs, tuning=tuning, max_err=err))
@@ -406,6 +408,9 @@ def main():
                     help=f"only these implementations (of {' '.join(IMPLS)}; not for --grid full)")
     ap.add_argument("--out", default="results/decode_h200.csv")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--heads-per-block", type=int, metavar="N",
+                    help="DecodePlan(heads_per_block=N) for paged_numba (default: the plan's "
+                         "choice; impl_detail says which kernel ran with how many)")
     ap.add_argument("--tuning", action="store_true",
                     help="time kernel variants (v4 and tensor-core kernels, warps, ring depth) "
                          "on the headline shapes, print only")
@@ -451,6 +456,8 @@ def main():
     if args.grid == "full":
         return full_grid(args)
     todo = cases(args.grid)
+    plan_args = (None if args.heads_per_block is None
+                 else dict(heads_per_block=args.heads_per_block))
     unknown = sorted(set(args.cases or []) - set(todo))
     if unknown:
         raise SystemExit(f"no case {unknown} in grid {args.grid!r}; it has {list(todo)}")
@@ -466,7 +473,7 @@ def main():
             continue
         try:
             got = bench_config(*cfg, reps=args.reps, sdpa="torch_sdpa" in args.impls,
-                               numba="paged_numba" in args.impls, fi=fi)
+                               numba="paged_numba" in args.impls, fi=fi, tuning=plan_args)
         except Exception:  # noqa: BLE001 - keep the other cases' rows
             traceback.print_exc()
             continue
