@@ -15,7 +15,8 @@ producer warpgroup does the copies, ``w<N>`` counts the other warps), ``-sw``
 stages), ``-pp`` (with ``-ws``, 8 warps: the consumer warpgroups take turns), ``-h<N>`` (N query heads a tile,
 up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
 decode), ``-p<N>`` (split-K in N parts), ``-ps`` (with ``-pp``: persistent blocks, one a
-multiprocessor), ``-lz`` (with ``-wg``: ``lazy_rescale``), ``-ng`` (the kernel built without the device guard, to time
+multiprocessor), ``-lz`` (with ``-wg``: ``lazy_rescale``), ``-pq`` (with ``-ps``:
+``prefetch_queries``), ``-ng`` (the kernel built without the device guard, to time
 what the guard costs: only for valid tables); ``default`` (the plan's default
 tiling and options, ``default-ng`` without the guard) or ``cuda-cores`` (the
 fp32 CUDA-core kernel, default tiling).

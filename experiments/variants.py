@@ -11,7 +11,8 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "fx": ("fast_exp2", True), "fma": ("fma_softmax", True), "tok": ("token_copies", True),
            "mt2": ("m_tiles", 2), "wg": ("wgmma", True),
            "ws": ("producer", True), "sw": ("swizzle", True),
-           "pp": ("pingpong", True), "ps": ("persistent", True), "lz": ("lazy_rescale", True)}
+           "pp": ("pingpong", True), "ps": ("persistent", True), "lz": ("lazy_rescale", True),
+           "pq": ("prefetch_queries", True)}
 
 
 def parse_variant(name):

@@ -61,7 +61,8 @@ class PrefillPlan:
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
-        ``pingpong``, ``persistent``, ``lazy_rescale``), for studying its variants; they
+        ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``), for
+        studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
         (:mod:`paged_numba.kernels.prefill_wgmma`; sm_90 GPUs and the
@@ -75,7 +76,10 @@ class PrefillPlan:
         several tiles in turn), and ``swizzle=True`` lays the tiles out in
         the swizzled layout; ``lazy_rescale=True`` (with ``wgmma``) moves a
         row's running maximum only when it grows by more than ``2**8`` in
-        the weights, so O is rarely rescaled after the first tiles.
+        the weights, so O is rarely rescaled after the first tiles;
+        ``prefetch_queries=True`` (with ``persistent``, no split) copies a
+        block's next item's queries into a second buffer while the current
+        item runs (32 KB more shared memory at head size 128).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by
@@ -145,7 +149,8 @@ class PrefillPlan:
                                          num_warps, options.get("m_tiles"),
                                          options.get("wgmma", False),
                                          options.get("producer", False),
-                                         options.get("stages"), auto), **options}
+                                         options.get("stages"), auto,
+                                         options.get("prefetch_queries", False)), **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -205,7 +210,7 @@ class PrefillPlan:
                              f"more than {SHARED_LIMIT}.")
 
     def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
-                   wgmma=False, producer=False, stages=None, auto=False):
+                   wgmma=False, producer=False, stages=None, auto=False, prefetch=False):
         """Set the tiling; returns the default kernel options (``m_tiles`` the
         caller's, if given). ``auto``: the sm_90 default may be the warpgroup
         kernel."""
@@ -268,7 +273,7 @@ class PrefillPlan:
                 raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
                                  f"this one has compute capability {cc}.")
         if producer:
-            need = ws_shared_bytes(self.cache.head_size, nw, bn, stages or WS_STAGES)
+            need = ws_shared_bytes(self.cache.head_size, nw, bn, stages or WS_STAGES, prefetch)
         elif wgmma:
             need = wgmma_shared_bytes(self.cache.head_size, nw, bn)
         else:

@@ -201,9 +201,15 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         WS["kernel_options"], pingpong=True, persistent=3, stages=3)), {}),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2)),
-     dict(sliding_window=30))],
+     dict(sliding_window=30)),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3, prefetch_queries=True)), {}),
+    (WS_HEADS, False, dict(WS_TWO, heads_per_block=2, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=2,
+        prefetch_queries=True)), dict(sliding_window=30))],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
-         "pingpong", "persistent-one-block", "persistent-serpentine", "persistent-split-k"])
+         "pingpong", "persistent-one-block", "persistent-serpentine", "persistent-split-k",
+         "prefetch-serpentine", "prefetch-swizzled-window"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -212,7 +218,10 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     every tile, three blocks for eight (tile, head block) items of two KV
     heads (in the serpentine block 0 takes items 0, 5, 6 and block 2 items 2,
     3; the ring goes on from one item's keys to the next), and two blocks of
-    two items with split-K and a window."""
+    two items with split-K and a window; the same with the next item's queries
+    copied ahead into a second buffer (``prefetch_queries``: three blocks
+    taking 3, 3 and 2 items alternate their buffers; two blocks of two items,
+    swizzled, not causal, with a window)."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -299,9 +308,9 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        stages=2)))
-    with pytest.raises(ValueError, match="stages, pingpong and persistent apply to the producer"):
+    with pytest.raises(ValueError, match="stages, pingpong, persistent, timeline and prefetch_queries apply to the producer"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
-    with pytest.raises(ValueError, match="stages, pingpong and persistent apply to the producer"):
+    with pytest.raises(ValueError, match="stages, pingpong, persistent, timeline and prefetch_queries apply to the producer"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, pingpong=True)))
     with pytest.raises(ValueError, match="pingpong needs two consumer warpgroups"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
@@ -316,7 +325,7 @@ def test_wgmma_rejects_tilings_it_cannot_run():
                        match=r"kernel_options\['persistent'\] must be a positive integer"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], pingpong=True, persistent=0)))
-    with pytest.raises(ValueError, match="stages, pingpong and persistent apply to the producer"):
+    with pytest.raises(ValueError, match="stages, pingpong, persistent, timeline and prefetch_queries apply to the producer"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        persistent=2)))
 

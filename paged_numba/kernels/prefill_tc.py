@@ -63,7 +63,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       num_warps=8, q_in_regs=None, max_registers=None, fast_exp2=False,
                       fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
                       wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False,
-                      persistent=False, guard=True, lazy_rescale=False):
+                      persistent=False, guard=True, lazy_rescale=False, timeline=False,
+                      prefetch_queries=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -113,7 +114,11 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     row's running maximum only when a tile's exceeds it by more than
     ``kernels.prefill_tc_parts.RESCALE_SLACK`` (8, base 2), so O is rarely
     rescaled after the first tiles; the weights then reach ``2**8`` instead
-    of 1, which changes their rounding only relatively (no bound changes)."""
+    of 1, which changes their rounding only relatively (no bound changes).
+    ``prefetch_queries=True`` (with ``persistent``) copies a block's next
+    item's queries into a second buffer while the current item runs.
+    ``timeline=True`` (with ``persistent``) stamps each item's phases in the
+    error array, for experiments (:mod:`kernels.timeline`)."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -134,18 +139,22 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            split_k=split_k, swizzle=swizzle,
                                            stages=WS_STAGES if stages is None else stages,
                                            pingpong=pingpong, persistent=persistent,
-                                           guard=guard, lazy_rescale=lazy_rescale)
-        if stages is not None or pingpong or persistent:
-            raise ValueError(f"stages, pingpong and persistent apply to the producer kernel, but "
-                             f"got stages={stages}, pingpong={pingpong}, persistent={persistent} "
-                             f"without producer=True")
+                                           guard=guard, lazy_rescale=lazy_rescale,
+                                           timeline=timeline, prefetch_queries=prefetch_queries)
+        if stages is not None or pingpong or persistent or timeline or prefetch_queries:
+            raise ValueError(f"stages, pingpong, persistent, timeline and prefetch_queries apply "
+                             f"to the producer kernel, but got stages={stages}, "
+                             f"pingpong={pingpong}, persistent={persistent}, timeline={timeline}, "
+                             f"prefetch_queries={prefetch_queries} without producer=True")
         return prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                                     layout, num_warps, max_registers=max_registers,
                                     fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle,
                                     guard=guard, lazy_rescale=lazy_rescale)
-    if producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale:
-        raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent and "
-                         "lazy_rescale=True need wgmma=True")
+    if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
+            or timeline or prefetch_queries):
+        raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
+                         "lazy_rescale=True, timeline=True and prefetch_queries=True need "
+                         "wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs, guard=guard)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS

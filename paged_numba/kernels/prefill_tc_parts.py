@@ -26,6 +26,8 @@ from .fastmath import exp2_approx
 from .guard import (checked_block, checked_unchecked, length_of, length_unchecked,
                     record_block, record_nothing)
 from .mma import pack_pair
+from .vector import copy16
+from .wgmma import opaque
 from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
 
 FULL_MASK = 0xFFFFFFFF
@@ -373,14 +375,20 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
 
 
     @device_function
-    def load_query_chunk(sm, query, idx, row0, q0, nq, h0, num_heads):
-        """Start copying the tile's ``idx``-th query chunk into shared memory
-        (rows past ``nq`` repeat the last query)."""
+    def load_query_chunk_at(sm, qbase, query, idx, row0, q0, nq, h0, num_heads):
+        """Start copying the tile's ``idx``-th query chunk into the query rows
+        at flat ``qbase`` of shared memory (rows past ``nq`` repeat the last
+        query)."""
         row = row_of(idx)
         ch = chunk_of(idx)
         qi = min(row // HPB, nq - 1)
         src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
-        copy16_async(sm, slot(Q_OFF, row, ch), query, src)
+        copy16_async(sm, slot(qbase, row, ch), query, src)
+
+    @device_function
+    def load_query_chunk(sm, query, idx, row0, q0, nq, h0, num_heads):
+        """Start copying the tile's ``idx``-th query chunk into shared memory."""
+        load_query_chunk_at(sm, Q_OFF, query, idx, row0, q0, nq, h0, num_heads)
 
     @device_function
     def load_queries(sm, query, tid, row0, q0, nq, h0, num_heads):
@@ -401,6 +409,68 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
             idx = t + u * 128
             if WG_QCHUNKS % 128 == 0 or idx < WG_QCHUNKS:
                 load_query_chunk(sm, query, wg * WG_QCHUNKS + idx, row0, q0, nq, h0, num_heads)
+
+    WARP_QCHUNKS = 16 * NCH               # query chunks of a warp's 16 rows
+
+    @device_function
+    def load_warp_queries(sm, qbase, query, lane, warp, row0, q0, nq, h0, num_heads):
+        """Start copying the queries of warp ``warp``'s 16 rows (``16 warp ..
+        16 warp + 15``) into the query rows at flat ``qbase`` (``Q_OFF``, or a
+        second buffer laid out alike), lane ``lane`` of its 32: the chunks of
+        :func:`load_warpgroup_queries`, but each warp writes only the rows it
+        owns, so that it can reuse them (:func:`store_staged`) with no barrier
+        but its own."""
+        for u in range(-(-WARP_QCHUNKS // 32)):
+            idx = lane + u * 32
+            if WARP_QCHUNKS % 32 == 0 or idx < WARP_QCHUNKS:
+                load_query_chunk_at(sm, qbase, query, warp * WARP_QCHUNKS + idx, row0, q0, nq,
+                                    h0, num_heads)
+
+    @cuda_function
+    def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, words, qbase):
+        """Epilogue of warp ``warp``'s 16 rows (one m-tile, not split) through
+        its query rows in shared memory (elements ``qbase + 16 warp D .. qbase +
+        16 (warp + 1) D`` in every layout), which its products must be done
+        with: each lane
+        rounds its pairs of ``O / l`` as :func:`store_half` does and writes them
+        as 32-bit ``words`` (the same shared memory); after the warp
+        synchronises, each lane stores 16-byte chunks of whole output rows
+        (``NCH`` lanes a row), where :func:`store_half` stores 2-byte elements,
+        8 rows an instruction. Chunk ``ch`` of staged row ``i`` lies at chunk
+        ``ch ^ (i & SWZ)``, so the 4-byte writes of 8 rows fall in 32 banks.
+        The lane goes through :func:`kernels.wgmma.opaque` first: otherwise the
+        compiler hoists the 32 shared-memory offsets, which depend on the lane
+        only, out of a persistent block's loop over its items, and they spill."""
+        lane = opaque(lane)
+        r = lane // 4
+        c = lane % 4
+        base = qbase + 16 * warp * D
+        for h in range(2):
+            lsum = quad_sum(l_[0, h])
+            inv = float32(0.0)
+            if lsum != 0.0:
+                inv = float32(1.0) / lsum
+            i = r + 8 * h
+            for j in range(NTILE_O):
+                words[(base + i * D + (j ^ (i & SWZ)) * 8 + 2 * c) // 2] = pack(
+                    o[0, j, 2 * h] * inv, o[0, j, 2 * h + 1] * inv)
+            rr = 16 * warp + i
+            if c == 0 and rr // HPB < nq:
+                x = NEG_INF
+                if lsum != 0.0:
+                    x = (m[0, h] * sc + math.log2(lsum)) * float32(LN2)
+                lse[row0 + q0 + rr // HPB, h0 + rr % HPB] = x
+        cuda.syncwarp()
+        num_heads = out.shape[1]
+        for u in range(WARP_QCHUNKS // 32):
+            idx = lane + 32 * u
+            i = idx // NCH
+            ch = idx % NCH
+            rr = 16 * warp + i
+            if rr // HPB < nq:
+                copy16(sm, base + i * D + (ch ^ (i & SWZ)) * 8, out,
+                       ((row0 + q0 + rr // HPB) * num_heads + h0 + rr % HPB) * D + ch * 8)
+        cuda.syncwarp()
 
     @cuda_function
     def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables):

@@ -30,7 +30,11 @@ the keys and values:
   turn, and the ring, its barriers and the turns run on from one item to the
   next, so that the producer copies an item's first tiles and one warpgroup
   starts on it while the other finishes the last item and stores it; each
-  warpgroup loads its own query rows.
+  warpgroup loads its own query rows;
+* each consumer warp loads and owns 16 query rows in shared memory, and
+  writes its output through them once its products are done (16-byte stores
+  of whole rows, ``store_staged`` of :func:`kernels.prefill_tc_parts.tile_parts`),
+  except in split-K, whose float32 partial outputs are stored from registers.
 """
 import functools
 
@@ -41,8 +45,10 @@ from .access import device_function
 from .async_copy import commit_group, wait_group
 from .decode import LOG2E
 from .prefill_tc_parts import FULL_MASK, tile_parts
-from .prefill_tc_tiling import supports
+from .prefill_tc_tiling import MAX_SHARED_BYTES, supports
 from .prefill_wgmma import key_loop, product_parts
+from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
+from .guard import WORDS
 
 STAGES = 4            # K/V tiles in the ring
 PRODUCER_THREADS = 128
@@ -52,21 +58,25 @@ PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 65536
 PERSISTENT_REGS = 64, 216
 
 
-def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES):
-    """Dynamic shared memory of one block: 16 query rows a consumer warp and a
-    ``stages``-stage K/V ring, 2 bytes an element.
+def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES, prefetch_queries=False):
+    """Dynamic shared memory of one block: 16 query rows a consumer warp (twice
+    with ``prefetch_queries``) and a ``stages``-stage K/V ring, 2 bytes an
+    element.
 
     >>> ws_shared_bytes(128, 8, 64), ws_shared_bytes(128, 8, 128, stages=3)
     (163840, 229376)
+    >>> ws_shared_bytes(128, 8, 64, prefetch_queries=True)
+    196608
     """
-    return 2 * head_size * (16 * num_warps + stages * 2 * block_n)
+    copies = 2 if prefetch_queries else 1
+    return 2 * head_size * (copies * 16 * num_warps + stages * 2 * block_n)
 
 
 @functools.cache
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
-                            lazy_rescale=False):
+                            lazy_rescale=False, timeline=False, prefetch_queries=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -86,7 +96,20 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     on across a block's items: the producer copies the next item's first
     tiles while the consumers finish the last one and store it, and one
     warpgroup starts the next item while the other finishes. ``guard`` and
-    ``lazy_rescale`` as for :func:`kernels.prefill_tc_parts.tile_parts`."""
+    ``lazy_rescale`` as for :func:`kernels.prefill_tc_parts.tile_parts`.
+
+    ``prefetch_queries=True`` (with ``persistent``, not split): a second
+    buffer of query rows after the K/V ring (``ws_shared_bytes``); when a
+    consumer warp starts an item it also starts copying the queries of its
+    block's next item into the other buffer, so that the next item need not
+    wait for them. The items use the two buffers in turn.
+
+    ``timeline=True`` (with ``persistent``), for experiments: the kernel
+    stamps each of its block's items in the error array, which must then have
+    :func:`kernels.timeline.timeline_words` words; the producer at the item's
+    start, after its range, after its first tile's copies are issued and after
+    its last; a consumer warpgroup at the item's start, when its queries have
+    landed, after its products and after its stores (:mod:`kernels.timeline`)."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -102,6 +125,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if pingpong and (num_warps != 8 or stages > 4):
         raise ValueError(f"pingpong needs two consumer warpgroups (num_warps=8) and at most 4 "
                          f"stages, but got num_warps={num_warps}, stages={stages}")
+    if prefetch_queries and (not persistent or split_k):
+        raise ValueError(f"prefetch_queries=True needs persistent=True and no split-K, but got "
+                         f"persistent={persistent}, split_k={split_k}")
+    if timeline and not persistent:
+        raise ValueError("timeline=True needs persistent=True (it stamps a block's items)")
     if persistent and not pingpong:
         raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
                          "reuse of their query rows)")
@@ -120,7 +148,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     slot, row_of, chunk_of = P.slot, P.row_of, P.chunk_of
     tile_entries, issue_entries = P.tile_entries, P.issue_entries
     k_strides, v_strides = P.k_strides, P.v_strides
-    load_queries, tile_range, init_rows = P.load_warpgroup_queries, P.tile_range, P.init_rows
+    load_queries, tile_range, init_rows = P.load_warp_queries, P.tile_range, P.init_rows
+    store_staged, SPLIT = P.store_staged, P.SPLIT
     exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
@@ -135,6 +164,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     HPB = P.HPB
     PINGPONG = bool(pingpong)
     PERSISTENT = bool(persistent)
+    TIMELINE = bool(timeline)
+    PREFETCH = bool(prefetch_queries)
+    Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
+    DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH else 0)
+    assert not swizzle or (2 * Q2_DELTA) % 1024 == 0, "second query buffer off a swizzle atom"
+    if DYNAMIC_BYTES > MAX_SHARED_BYTES:
+        raise ValueError(f"prefetch_queries needs {DYNAMIC_BYTES} bytes of shared memory, more "
+                         f"than {MAX_SHARED_BYTES}: fewer stages or a smaller block_n")
     # named barrier ids (0 is __syncthreads): full (with pingpong one set a
     # consumer warpgroup), empty, then the two turns
     FULL_SETS = 2 if PINGPONG else 1
@@ -202,6 +239,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         if PINGPONG:
             full_arrive(FULL + STAGES + j % STAGES)
 
+    @device_function
+    def mark(errors, rnd, role, k, tid):
+        """Stamp point ``k`` of round ``rnd`` for warpgroup ``role`` (its
+        first thread; only with ``timeline``)."""
+        if TIMELINE and tid % 128 == 0 and rnd < ROUNDS:
+            errors[WORDS + ((cuda.blockIdx.x * ROUNDS + rnd) * ROLES + role) * STAMPS + k] = \
+                globaltimer()
+
     jit = cuda.jit if config.ENABLE_CUDASIM else functools.partial(
         cuda.jit, launch_bounds=(NTHREADS, 1))
 
@@ -215,6 +260,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         tables = (block_tables, errors)
         num_rounds, items = rounds(tile_seq.shape[0], num_heads)
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
+        words = cuda.shared.array(0, uint32, alignment=ALIGN)    # the same memory
 
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:
@@ -224,12 +270,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             for rnd in range(num_rounds):
                 tile, h0, real = work_item(rnd, items, num_heads)
                 if real:
+                    mark(errors, rnd, 0, 0, tid)
                     kvh = h0 // group
                     kstr = k_strides(key_cache, kvh, chunk_of(tid))
                     vstr = v_strides(value_cache, kvh, chunk_of(tid))
                     seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
                         tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
                     last = int32(kv_hi - 1)
+                    mark(errors, rnd, 0, 1, tid)
                     for j in range(ntiles):
                         g = done + j
                         kt = int32(kv_first + j * BN)
@@ -243,6 +291,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         if g >= 1:
                             wait_older()
                             publish(g - 1)
+                        if j == 0:
+                            mark(errors, rnd, 0, 2, tid)
+                    mark(errors, rnd, 0, 3, tid)
                     done += ntiles
             if done > 0:
                 wait_all()
@@ -262,6 +313,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         # this warpgroup's 64 query rows (the index through a shuffle: uniform to ptxas)
         cwg = cuda.shfl_sync(FULL_MASK, warp >> 2, 0)
         qs, kvs = starts(sm, cwg * 64 * D)
+        qs2 = starts(sm, Q2_DELTA + cwg * 64 * D)[0]      # (used with PREFETCH)
         pos = cuda.local.array((1, 2), int32)
         slope = cuda.local.array((1, 2), float32)
         m = cuda.local.array((1, 2), float32)
@@ -273,20 +325,41 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
         done = int32(0)
+        par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
+        have = False            # its queries were started by the previous item
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
             if real:
+                mark(errors, rnd, 1 + cwg, 0, ct)
                 seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
                     tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
-                if ntiles > 0:
-                    # its own rows: the warpgroup's last products of the previous
-                    # item were issued after a turn barrier of all its threads
-                    load_queries(sm, query, ct % 128, cwg, row0, q0, nq, h0, num_heads)
+                qbase = int32(par * Q2_DELTA)
+                if ntiles > 0 and not have:
+                    # its own rows: this warp's products and stores of the item
+                    # that last used them are done (program order)
+                    load_queries(sm, qbase, query, lane, warp, row0, q0, nq, h0, num_heads)
                     commit_group()
-                    wait_all()
+                if PREFETCH:            # the next item's queries, into the other buffer
+                    have = False
+                    ntile, nh0, nreal = work_item(rnd + 1, items, num_heads)
+                    if nreal:
+                        _, nrow0, nq0, nnq, _, _, _, nnt, _ = tile_range(
+                            ntile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
+                            tables)
+                        if nnt > 0:
+                            load_queries(sm, int32((1 - par) * Q2_DELTA), query, lane, warp,
+                                         nrow0, nq0, nnq, nh0, num_heads)
+                            commit_group()
+                            have = True
+                if ntiles > 0:
+                    if have:
+                        wait_older()        # all but the next item's copies
+                    else:
+                        wait_all()
                     # visible to the tensor cores after the first turn (or full)
                     # barrier, which every thread of the warpgroup passes
                     fence_proxy()
+                mark(errors, rnd, 1 + cwg, 1, ct)
                 any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
                 alibi = cuda.any_sync(FULL_MASK, any_slope)
                 # without soft cap or ALiBi the scale goes into the exponent's FFMA
@@ -296,15 +369,23 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         o[0, i, e] = 0.0
                 if PINGPONG and cwg == 1 and ntiles > 0 and (done == 0 or not PERSISTENT):
                     turn_arrive(TURN)           # warpgroup 0 issues first
-                run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
+                run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
                          kv_hi, ntiles, done, causal, window, qscale, soft_cap, cap2, alibi, sc,
                          plain, (cwg,))
-                store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
-                store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+                mark(errors, rnd, 1 + cwg, 2, ct)
+                if SPLIT:
+                    store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
+                    store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+                else:       # through this warp's query rows (the per-warp query loads)
+                    store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm,
+                                 words, qbase)
+                mark(errors, rnd, 1 + cwg, 3, ct)
                 done += ntiles
+                if PREFETCH:
+                    par = int32(1 - par)
         if PERSISTENT and cwg == 0 and done > 0:
             turn_sync(TURN)             # warpgroup 1's last products passed a turn
 
-    paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = P.DYNAMIC_BYTES
+    paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
     paged_prefill_wgmma_ws_kernel.block_threads = NTHREADS
     return paged_prefill_wgmma_ws_kernel

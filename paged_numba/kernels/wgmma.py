@@ -230,6 +230,9 @@ if config.ENABLE_CUDASIM:
             pass
         return pin_
 
+    def opaque(x):
+        return x
+
     @functools.cache
     def bar_sync(count):
         def sync(barrier):
@@ -329,6 +332,21 @@ else:
 
     def _local_array(arr_ty):
         return isinstance(arr_ty, types.Array) and arr_ty.dtype in (types.float32, types.uint32)
+
+    @intrinsic
+    def opaque(typingctx, x):
+        """``x`` (an int32) through an empty volatile instruction: the same
+        value, which the compiler cannot compute before the call, so what is
+        derived from it is not hoisted out of the loop around the call."""
+        if not isinstance(x, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.int32)
+            fnty = ir.FunctionType(_I32, [_I32])
+            return builder.call(ir.InlineAsm(fnty, "mov.b32 $0, $1;", "=r,r", side_effect=True),
+                                [v])
+        return types.int32(x), codegen
 
     @functools.cache
     def pin(count):

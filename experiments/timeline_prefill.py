@@ -1,0 +1,131 @@
+"""Where a persistent prefill block's time goes, item by item: the tensor-core
+prefill kernel built with ``timeline=True`` (:mod:`paged_numba.kernels.timeline`)
+stamps each work item's phases with the GPU's nanosecond clock; this prints
+the mean of each phase over the items, and the kernel's time with and
+without the stamps (the cost of observing it).
+
+    python3 experiments/timeline_prefill.py --case full-128x128 causal-8x2048
+
+Phases of a consumer warpgroup's item: ``query`` (from the item's start to
+its query rows landing), ``keys`` (its products and softmax over the item's
+key tiles), ``store`` (the output stores), ``gap`` (from the end of its
+stores to its next item's start). The producer's: ``range`` (the item's
+sequence and key range), ``first`` (the first tile's table lookups and
+copies issued: it waits there for a free ring stage), ``rest`` (the other
+tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the item's key tiles.
+Cases and inputs as in ``tune_prefill.py`` (default tiling and options).
+"""
+import argparse
+import statistics
+
+import numpy as np
+import torch
+from numba import cuda
+
+import paged_numba as pn
+from paged_numba.kernels import prefill_tc
+from paged_numba.kernels.timeline import read_timeline, timeline_words
+from tune_prefill import CASES, make, timed
+
+PHASES = {0: ("range", "first", "rest"), 1: ("query", "keys", "store"),
+          2: ("query", "keys", "store")}
+
+
+def item_tiles(plan, cu, lens):
+    """Key tiles of each work item, in the kernel's item order (tile-major,
+    head blocks inner), from the plan's tile list (as ``tile_range`` counts)."""
+    seq = plan._tiles[0].copy_to_host()
+    q0 = plan._tiles[1].copy_to_host()
+    tiles = []
+    for s, q in zip(seq, q0):
+        q_len, kv_len = cu[s + 1] - cu[s], lens[s]
+        nq = min(plan.block_q, q_len - q)
+        kv_hi = min(kv_len - q_len + q + nq, kv_len) if plan.causal else kv_len
+        tiles.append(-(-kv_hi // plan.block_n))
+    return np.repeat(np.array(tiles), plan.num_heads // plan.heads_per_block)
+
+
+def summarise(stamps, plan, items_tiles):
+    blocks = stamps.shape[0]
+    grid = plan._grid[0]
+    out = {}
+    for role, names in PHASES.items():
+        rows = {n: [] for n in (*names, "gap")}
+        per_tile = []
+        for b in range(blocks):
+            t = stamps[b, :, role, :]
+            real = np.flatnonzero(t[:, 0])
+            for i, rnd in enumerate(real):
+                a = t[rnd]
+                if not a.all():
+                    continue
+                for k, n in enumerate(names):
+                    rows[n].append((a[k + 1] - a[k]) / 1e3)
+                if i + 1 < len(real):
+                    rows["gap"].append((t[real[i + 1], 0] - a[3]) / 1e3)
+                if role > 0:
+                    bb = b if rnd % 2 == 0 else grid - 1 - b
+                    w = rnd * grid + bb
+                    if w < len(items_tiles) and items_tiles[w] > 0:
+                        per_tile.append((a[2] - a[1]) / 1e3 / items_tiles[w])
+        out[role] = {n: (statistics.mean(v) if v else float("nan")) for n, v in rows.items()}
+        if per_tile:
+            out[role]["keys/tile"] = statistics.mean(per_tile)
+    first = stamps[..., 0][stamps[..., 0] > 0].min()
+    last = stamps[..., 3].max()
+    return out, (last - first) / 1e3
+
+
+def run_case(case, args):
+    batch, q_len, kv_len = CASES[case]
+    lens = [kv_len] * batch
+    H, Hk = args.heads
+    cache, _, _, table, q = make(q_len, lens, H, Hk, args.head_size, args.block_size, args.dtype)
+    cu = (np.arange(batch + 1) * q_len).astype(np.int32)
+    causal = not case.startswith("full-")
+    plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal)
+    opts = plan.kernel_options
+    if not opts.get("persistent"):
+        raise SystemExit(f"the default plan of {case} is not persistent: {opts}")
+    store = torch.uint16 if args.dtype == "bfloat16" else q.dtype
+    dq, dt = cuda.as_cuda_array(q.view(store)), cuda.as_cuda_array(table)
+    flush = torch.empty(2**28 // 4, dtype=torch.float32, device="cuda")
+    plain_us = timed(lambda: plan.run(dq, dt), args.reps, flush)
+    blocks = plan._grid[0]
+    plan._kernel = prefill_tc.prefill_tc_kernel(
+        cache.head_size, cache.block_size, plan.heads_per_block, plan.block_n,
+        cache.dtype.name, cache.layout, plan.num_warps, **opts, timeline=True)
+    cache._errors = cuda.to_device(np.zeros(timeline_words(blocks), np.int64))
+    plan._inputs = None                 # repack with the new kernel and error array
+    stamped_us = timed(lambda: plan.run(dq, dt), args.reps, flush)
+    cache._errors.copy_to_device(np.zeros(timeline_words(blocks), np.int64))
+    flush.zero_()
+    plan.run(dq, dt)
+    torch.cuda.synchronize()
+    stamps = read_timeline(cache._errors.copy_to_host(), blocks)
+    tiles = item_tiles(plan, cu, lens)
+    phases, span = summarise(stamps, plan, tiles)
+    items = len(tiles)
+    print(f"{case}: {items} items on {blocks} blocks ({items / blocks:.1f} a block); kernel "
+          f"{plain_us:.1f} us, with stamps {stamped_us:.1f} us; stamped span {span:.1f} us; "
+          f"{tiles.mean():.1f} key tiles an item")
+    for role, ph in phases.items():
+        who = "producer" if role == 0 else f"consumer {role - 1}"
+        print(f"  {who:>10}: " + "  ".join(f"{n} {v:.2f}" for n, v in ph.items()) + "  (us)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", nargs="+", default=["full-128x128"], choices=sorted(CASES))
+    ap.add_argument("--head-size", type=int, default=128)
+    ap.add_argument("--heads", type=int, nargs=2, default=(32, 8))
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    for case in args.case:
+        run_case(case, args)
+
+
+if __name__ == "__main__":
+    main()

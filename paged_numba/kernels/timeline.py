@@ -1,0 +1,69 @@
+"""A timeline of one kernel's work items, for finding where time goes.
+
+A kernel built with ``timeline=True`` (only the persistent producer prefill
+kernel, :mod:`.prefill_wgmma_ws`, has the option) has the first thread of
+each warpgroup read the GPU's nanosecond clock (``%globaltimer``) at
+``STAMPS`` points of each of its block's first ``ROUNDS`` work items, and
+write them after the cache's error words::
+
+    errors[WORDS + ((block * ROUNDS + round) * ROLES + role) * STAMPS + k]
+
+``role`` 0 is the producer warpgroup, 1 and 2 the consumer warpgroups. The
+caller gives the kernel an error array of :func:`timeline_words` words (zero
+filled) instead of the cache's four, and reads it back with
+:func:`read_timeline`. A stamp is 0 where that point was not reached. The
+timeline is for experiments (``experiments/timeline_prefill.py``); the
+kernels built without it are unchanged.
+"""
+import time
+
+import numpy as np
+from numba import config, int64, types
+
+from .guard import WORDS
+
+ROUNDS = 64       # items a block records
+ROLES = 3         # producer, consumer warpgroup 0, consumer warpgroup 1
+STAMPS = 4        # points an item
+
+
+def timeline_words(blocks):
+    """Length of an error array with room for the timeline of ``blocks``
+    thread blocks.
+
+    >>> timeline_words(2)
+    1540
+    """
+    return WORDS + blocks * ROUNDS * ROLES * STAMPS
+
+
+def read_timeline(errors, blocks):
+    """The stamps of a host copy of the error array, ``[blocks, ROUNDS,
+    ROLES, STAMPS]`` int64 nanoseconds (0: not reached).
+
+    >>> read_timeline(np.arange(timeline_words(1)), 1)[0, 1, 2]
+    array([24, 25, 26, 27])
+    """
+    errors = np.asarray(errors)
+    return errors[WORDS:timeline_words(blocks)].reshape(blocks, ROUNDS, ROLES, STAMPS)
+
+
+if config.ENABLE_CUDASIM:
+    def globaltimer():
+        return int64(time.perf_counter_ns())
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def globaltimer(typingctx):
+        """The GPU's clock in nanoseconds (``%globaltimer``), as int64."""
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(64), [])
+            asm = ir.InlineAsm(fnty, "mov.u64 $0, %globaltimer;", "=l,~{memory}",
+                               side_effect=True)
+            return builder.call(asm, [])
+        return types.int64(), codegen
+
+
+__all__ = ["ROLES", "ROUNDS", "STAMPS", "globaltimer", "read_timeline", "timeline_words"]
