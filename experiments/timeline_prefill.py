@@ -5,6 +5,7 @@ the mean of each phase over the items, and the kernel's time with and
 without the stamps (the cost of observing it).
 
     python3 experiments/timeline_prefill.py --case full-128x128 causal-8x2048
+    python3 experiments/timeline_prefill.py --case causal-8x2048 --prefetch-queries
 
 Phases of a consumer warpgroup's item: ``query`` (from the item's start to
 its query rows landing), ``keys`` (its products and softmax over the item's
@@ -13,7 +14,8 @@ stores to its next item's start). The producer's: ``range`` (the item's
 sequence and key range), ``first`` (the first tile's table lookups and
 copies issued: it waits there for a free ring stage), ``rest`` (the other
 tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the item's key tiles.
-Cases and inputs as in ``tune_prefill.py`` (default tiling and options).
+Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
+``--prefetch-queries`` adds that kernel option, timed and stamped).
 """
 import argparse
 import statistics
@@ -84,6 +86,11 @@ def run_case(case, args):
     cu = (np.arange(batch + 1) * q_len).astype(np.int32)
     causal = not case.startswith("full-")
     plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal)
+    if args.prefetch_queries:
+        plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal,
+                              tensor_cores=True, num_warps=plan.num_warps, block_n=plan.block_n,
+                              heads_per_block=plan.heads_per_block,
+                              kernel_options=dict(plan.kernel_options, prefetch_queries=True))
     opts = plan.kernel_options
     if not opts.get("persistent"):
         raise SystemExit(f"the default plan of {case} is not persistent: {opts}")
@@ -122,6 +129,8 @@ def main():
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--prefetch-queries", action="store_true",
+                    help="the default with kernel_options['prefetch_queries'] = True")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)

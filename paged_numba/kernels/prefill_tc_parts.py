@@ -2,7 +2,8 @@
 products are computed: its constants, the shared-memory layout of the query
 and K/V tiles, the paged gathers into it, the tile's key range, the logits'
 variants and mask, the online softmax on accumulator fragments and the
-epilogue. ``kernels.prefill_tc`` (``mma.sync``) and ``kernels.prefill_wgmma``
+epilogue (the query copies and the output stores are in
+:mod:`.prefill_tc_io`). ``kernels.prefill_tc`` (``mma.sync``) and ``kernels.prefill_wgmma``
 (warpgroup products) build their kernels from them.
 
 :func:`tile_parts` returns a namespace of compile-time constants and device
@@ -16,7 +17,7 @@ import functools
 import math
 from types import SimpleNamespace
 
-from numba import cuda, float32, int32, uint16, uint32
+from numba import cuda, float32, int32, uint32
 
 from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
@@ -26,22 +27,12 @@ from .fastmath import exp2_approx
 from .guard import (checked_block, checked_unchecked, length_of, length_unchecked,
                     record_block, record_nothing)
 from .mma import pack_pair
-from .vector import copy16
-from .wgmma import opaque
+from .prefill_tc_io import NEG_INF, cuda_function, query_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
 
 FULL_MASK = 0xFFFFFFFF
 NO_LOWER_BOUND = -(2 ** 31)   # no window: no lower bound on the keys a row admits
 
-
-def cuda_function(fn):
-    """An inlined device function that uses the ``cuda`` module (warp votes,
-    block indices): under the simulator a device function proper, whose call
-    gives this module the simulated ``cuda`` as well."""
-    return cuda.jit(device=True, inline=True)(fn)
-
-NEG_INF = float32(-math.inf)
-LN2 = 0.6931471805599453
 # lazy_rescale: a row's running maximum (in the exponent's base-2 units) moves
 # only when the tile's maximum exceeds it by more than this, so the weights stay
 # below 2**RESCALE_SLACK (256: exact in fp16 and bf16, far from their overflow)
@@ -340,139 +331,6 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         exp_weights(s, l_, sc, use, t, h)
 
     @cuda_function
-    def store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, t, h):
-        """Epilogue of row half ``h`` of m-tile ``t``: ``out = O / l`` in the
-        output dtype and ``lse = (m + log2 l) ln 2``, for rows of a valid query."""
-        rr = 16 * (MT * warp + t) + r + 8 * h
-        lsum = quad_sum(l_[t, h])
-        inv = float32(0.0)
-        if lsum != 0.0:
-            inv = float32(1.0) / lsum
-        if rr // HPB < nq:
-            row = row0 + q0 + rr // HPB
-            head = h0 + rr % HPB
-            part = cuda.blockIdx.z
-            for i in range(NTILE_O):
-                d = 8 * i + 2 * c
-                if SPLIT:
-                    out[row, part, head, d] = o[t, i, 2 * h] * inv
-                    out[row, part, head, d + 1] = o[t, i, 2 * h + 1] * inv
-                elif BF16:      # one conversion a pair, rounded to nearest even
-                    w = pack(o[t, i, 2 * h] * inv, o[t, i, 2 * h + 1] * inv)
-                    out[row, head, d] = uint16(w & 0xFFFF)
-                    out[row, head, d + 1] = uint16(w >> 16)
-                else:
-                    out[row, head, d] = from_f32(o[t, i, 2 * h] * inv)
-                    out[row, head, d + 1] = from_f32(o[t, i, 2 * h + 1] * inv)
-            if c == 0:
-                x = NEG_INF
-                if lsum != 0.0:
-                    x = (m[t, h] * sc + math.log2(lsum)) * float32(LN2)
-                if SPLIT:
-                    lse[row, part, head] = x
-                else:
-                    lse[row, head] = x
-
-
-    @device_function
-    def load_query_chunk_at(sm, qbase, query, idx, row0, q0, nq, h0, num_heads):
-        """Start copying the tile's ``idx``-th query chunk into the query rows
-        at flat ``qbase`` of shared memory (rows past ``nq`` repeat the last
-        query)."""
-        row = row_of(idx)
-        ch = chunk_of(idx)
-        qi = min(row // HPB, nq - 1)
-        src = ((row0 + q0 + qi) * num_heads + h0 + row % HPB) * D + ch * 8
-        copy16_async(sm, slot(qbase, row, ch), query, src)
-
-    @device_function
-    def load_query_chunk(sm, query, idx, row0, q0, nq, h0, num_heads):
-        """Start copying the tile's ``idx``-th query chunk into shared memory."""
-        load_query_chunk_at(sm, Q_OFF, query, idx, row0, q0, nq, h0, num_heads)
-
-    @device_function
-    def load_queries(sm, query, tid, row0, q0, nq, h0, num_heads):
-        """Start copying the tile's queries into shared memory."""
-        for u in range(QCPT):
-            idx = tid + u * NT
-            if QCHUNKS % NT == 0 or idx < QCHUNKS:
-                load_query_chunk(sm, query, idx, row0, q0, nq, h0, num_heads)
-
-    WG_QCHUNKS = 64 * NCH                 # query chunks of a warpgroup's 64 rows
-
-    @device_function
-    def load_warpgroup_queries(sm, query, t, wg, row0, q0, nq, h0, num_heads):
-        """Start copying the queries of warpgroup ``wg``'s rows (``64 wg ..
-        64 wg + 63``), thread ``t`` of its 128 (the chunks lie in row order in
-        every layout, 8 rows at a time)."""
-        for u in range(-(-WG_QCHUNKS // 128)):
-            idx = t + u * 128
-            if WG_QCHUNKS % 128 == 0 or idx < WG_QCHUNKS:
-                load_query_chunk(sm, query, wg * WG_QCHUNKS + idx, row0, q0, nq, h0, num_heads)
-
-    WARP_QCHUNKS = 16 * NCH               # query chunks of a warp's 16 rows
-
-    @device_function
-    def load_warp_queries(sm, qbase, query, lane, warp, row0, q0, nq, h0, num_heads):
-        """Start copying the queries of warp ``warp``'s 16 rows (``16 warp ..
-        16 warp + 15``) into the query rows at flat ``qbase`` (``Q_OFF``, or a
-        second buffer laid out alike), lane ``lane`` of its 32: the chunks of
-        :func:`load_warpgroup_queries`, but each warp writes only the rows it
-        owns, so that it can reuse them (:func:`store_staged`) with no barrier
-        but its own."""
-        for u in range(-(-WARP_QCHUNKS // 32)):
-            idx = lane + u * 32
-            if WARP_QCHUNKS % 32 == 0 or idx < WARP_QCHUNKS:
-                load_query_chunk_at(sm, qbase, query, warp * WARP_QCHUNKS + idx, row0, q0, nq,
-                                    h0, num_heads)
-
-    @cuda_function
-    def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, words, qbase):
-        """Epilogue of warp ``warp``'s 16 rows (one m-tile, not split) through
-        its query rows in shared memory (elements ``qbase + 16 warp D .. qbase +
-        16 (warp + 1) D`` in every layout), which its products must be done
-        with: each lane
-        rounds its pairs of ``O / l`` as :func:`store_half` does and writes them
-        as 32-bit ``words`` (the same shared memory); after the warp
-        synchronises, each lane stores 16-byte chunks of whole output rows
-        (``NCH`` lanes a row), where :func:`store_half` stores 2-byte elements,
-        8 rows an instruction. Chunk ``ch`` of staged row ``i`` lies at chunk
-        ``ch ^ (i & SWZ)``, so the 4-byte writes of 8 rows fall in 32 banks.
-        The lane goes through :func:`kernels.wgmma.opaque` first: otherwise the
-        compiler hoists the 32 shared-memory offsets, which depend on the lane
-        only, out of a persistent block's loop over its items, and they spill."""
-        lane = opaque(lane)
-        r = lane // 4
-        c = lane % 4
-        base = qbase + 16 * warp * D
-        for h in range(2):
-            lsum = quad_sum(l_[0, h])
-            inv = float32(0.0)
-            if lsum != 0.0:
-                inv = float32(1.0) / lsum
-            i = r + 8 * h
-            for j in range(NTILE_O):
-                words[(base + i * D + (j ^ (i & SWZ)) * 8 + 2 * c) // 2] = pack(
-                    o[0, j, 2 * h] * inv, o[0, j, 2 * h + 1] * inv)
-            rr = 16 * warp + i
-            if c == 0 and rr // HPB < nq:
-                x = NEG_INF
-                if lsum != 0.0:
-                    x = (m[0, h] * sc + math.log2(lsum)) * float32(LN2)
-                lse[row0 + q0 + rr // HPB, h0 + rr % HPB] = x
-        cuda.syncwarp()
-        num_heads = out.shape[1]
-        for u in range(WARP_QCHUNKS // 32):
-            idx = lane + 32 * u
-            i = idx // NCH
-            ch = idx % NCH
-            rr = 16 * warp + i
-            if rr // HPB < nq:
-                copy16(sm, base + i * D + (ch ^ (i & SWZ)) * 8, out,
-                       ((row0 + q0 + rr // HPB) * num_heads + h0 + rr % HPB) * D + ch * 8)
-        cuda.syncwarp()
-
-    @cuda_function
     def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables):
         """The tile's sequence and keys: ``(seq, row0, q0, nq, pos0, kv_lo, kv_hi,
         ntiles, kv_first)`` (split-K: this part's share of the key tiles); a
@@ -585,4 +443,5 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 o[t, i, 2 * h] *= alpha[t, h]
                 o[t, i, 2 * h + 1] *= alpha[t, h]
 
-    return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
+    parts = SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
+    return SimpleNamespace(**vars(parts), **vars(query_parts(parts)))
