@@ -414,6 +414,9 @@ def main():
     ap.add_argument("--tuning", action="store_true",
                     help="time kernel variants (v4 and tensor-core kernels, warps, ring depth) "
                          "on the headline shapes, print only")
+    ap.add_argument("--kv-dtype", default=None, metavar="DTYPE",
+                    help="with --tuning: the cache's dtype (e.g. float8_e4m3fn; default the "
+                         "queries' float16)")
     ap.add_argument("--partitions", action="store_true",
                     help="time split-K partition counts on the headline shapes, and the merge "
                          "kernel alone, print only")
@@ -431,8 +434,8 @@ def main():
                      for w, st in ((4, 2), (2, 2), (2, 4), (1, 4), (1, 8))]
         for tuning in variants:
             for b, c in HEADLINE:
-                r = bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False,
-                                 reps=15, tuning=tuning)[0]
+                r = bench_config(b, c, 32, 8, 128, 16, "float16", args.kv_dtype,
+                                 tables=("random",), sdpa=False, reps=15, tuning=tuning)[0]
                 print(" ".join(f"{k}={v}" for k, v in tuning.items()) + f" b={b} ctx={c} "
                       f"P={r['num_partitions']} {r['us']:.1f} us {r['gbps']:.0f} GB/s "
                       f"regs={r['regs']} host={r['host_us']:.1f} us err={r['max_err']:.2e}",

@@ -15,7 +15,8 @@ sequence and key range), ``first`` (the first tile's table lookups and
 copies issued: it waits there for a free ring stage), ``rest`` (the other
 tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the item's key tiles.
 Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
-``--prefetch-queries`` adds that kernel option, timed and stamped).
+``--prefetch-queries`` and ``--prefetch-ranges`` add those kernel options, timed and
+stamped).
 """
 import argparse
 import statistics
@@ -86,11 +87,13 @@ def run_case(case, args):
     cu = (np.arange(batch + 1) * q_len).astype(np.int32)
     causal = not case.startswith("full-")
     plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal)
-    if args.prefetch_queries:
+    extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
+                                         ("prefetch_ranges", args.prefetch_ranges)) if on}
+    if extra:
         plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal,
                               tensor_cores=True, num_warps=plan.num_warps, block_n=plan.block_n,
                               heads_per_block=plan.heads_per_block,
-                              kernel_options=dict(plan.kernel_options, prefetch_queries=True))
+                              kernel_options=dict(plan.kernel_options, **extra))
     opts = plan.kernel_options
     if not opts.get("persistent"):
         raise SystemExit(f"the default plan of {case} is not persistent: {opts}")
@@ -131,6 +134,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--prefetch-queries", action="store_true",
                     help="the default with kernel_options['prefetch_queries'] = True")
+    ap.add_argument("--prefetch-ranges", action="store_true",
+                    help="the default with kernel_options['prefetch_ranges'] = True")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)

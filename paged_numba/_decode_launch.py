@@ -56,20 +56,26 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
 
 
 def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None,
-                  pv_mma=None, key_rows=None):
+                  pv_mma=None, key_rows=None, query_dtype=None):
     return decode_launch(cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout,
-                         split, tuning, tensor_cores, pv_mma, key_rows)
+                         split, tuning, tensor_cores, pv_mma, key_rows, _name(query_dtype))
+
+
+def _name(dtype):
+    """A dtype's name (None stays None)."""
+    return None if dtype is None else getattr(dtype, "name", dtype)
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
-                tensor_cores=None, pv_mma=None, key_rows=None):
+                tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
     from :func:`num_partitions_for` with the split kernel's occupancy (for the
     tensor-core kernel, at most the blocks that saturate HBM)."""
     if num_partitions is None:
         kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores, pv_mma,
-                                            key_rows)
-        split = decode_signatures(cache.dtype.name, cache.layout)[1]
+                                            key_rows, query_dtype)
+        split = decode_signatures(cache.dtype.name, cache.layout,
+                                  _name(query_dtype) or "float16")[1]
         resident = resident_blocks(kernel, split, threads)
         if tc:   # blocks past HBM saturation only add per-partition costs
             resident = min(resident, decode_tc.saturating_blocks(cache.head_size, threads // 32))
@@ -85,7 +91,8 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
 
 
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
-                 unroll=UNROLL, stages=STAGES, tensor_cores=None, pv_mma=None, key_rows=None):
+                 unroll=UNROLL, stages=STAGES, tensor_cores=None, pv_mma=None, key_rows=None,
+                 query_dtype=None):
     """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
     picks: :func:`fitting_warps` (static) for the tensor-core kernel
     (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
@@ -103,5 +110,5 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
         num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (C.power_of_two("num_warps", num_warps, hi=MAX_WARPS), unroll, stages)
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
-                              tuning, tensor_cores, pv_mma, key_rows)
+                              tuning, tensor_cores, pv_mma, key_rows, query_dtype)
     return tuning[0], parts, size

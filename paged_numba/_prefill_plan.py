@@ -100,7 +100,7 @@ _OPTION_CHECKS = {
     "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
     "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
     "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
-    "lazy_rescale": C.flag, "prefetch_queries": C.flag,
+    "lazy_rescale": C.flag, "prefetch_queries": C.flag, "prefetch_ranges": C.flag,
     "stages": lambda name, v: None if v is None else C.integer(name, v, lo=3, hi=7),
     "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
     # True (one block a multiprocessor) or a number of blocks

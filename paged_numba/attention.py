@@ -155,12 +155,12 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     max_context = tables.shape[1] * cache.block_size
     num_warps, num_partitions, partition_size = launch_shape(
         num_partitions, None, cache, hpb, num_seqs, num_heads, max_context, pv_mma=pv_mma,
-        key_rows=key_rows)
+        key_rows=key_rows, query_dtype=out_dtype)
 
     if num_seqs:
         kernel, threads, _ = _cache_launch(cache, hpb, num_partitions > 1,
                                            (num_warps, UNROLL, STAGES), pv_mma=pv_mma,
-                                           key_rows=key_rows)
+                                           key_rows=key_rows, query_dtype=out_dtype)
         grid = (num_heads // hpb, num_seqs, num_partitions)
         args = (q, cache.key_cache, cache.value_cache, tables, lens, np.float32(scale),
                 np.int32(partition_size), *variants, cache.errors, *kernel_scales(cache))
@@ -194,7 +194,7 @@ def default_heads_per_block(group, cache, tensor_cores=None, pv_mma=None):
     (6, 8)
     """
     if (group % 16 == 0 and cache.head_size == 128 and tensor_cores is not False
-            and pv_mma is not False
+            and pv_mma is not False and cache.dtype.name in decode_tc.DTYPES
             and decode_tc.supports(cache.head_size, 16, cache.dtype.name, cache.layout)):
         return 16
     return heads_per_block(group)
@@ -331,7 +331,7 @@ class DecodePlan:
             heads_per_block, num_heads // cache.num_kv_heads, cache, tensor_cores, pv_mma)
         self.num_warps, self.num_partitions, self.partition_size = launch_shape(
             num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
-            unroll, stages, tensor_cores, pv_mma, key_rows)
+            unroll, stages, tensor_cores, pv_mma, key_rows, self.query_dtype)
         tuning = (self.num_warps, unroll, stages)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), self.query_dtype)
@@ -343,7 +343,7 @@ class DecodePlan:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
         self._kernel, self._threads, self.tensor_cores = _cache_launch(
-            cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows)
+            cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows, self.query_dtype)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))

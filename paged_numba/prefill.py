@@ -61,7 +61,8 @@ class PrefillPlan:
         (:func:`paged_numba.kernels.prefill_tc.prefill_tc_kernel`: ``q_in_regs``,
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
-        ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``), for
+        ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
+        ``prefetch_ranges``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -79,7 +80,9 @@ class PrefillPlan:
         the weights, so O is rarely rescaled after the first tiles;
         ``prefetch_queries=True`` (with ``persistent``, no split) copies a
         block's next item's queries into a second buffer while the current
-        item runs (32 KB more shared memory at head size 128).
+        item runs (32 KB more shared memory at head size 128);
+        ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
+        tile entries and sequence bounds while the current item runs.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

@@ -9,7 +9,7 @@ cache's scales, write_kv's quantisation, decode over fp8 pools, and bad input.
 * ``write_kv`` stores what :func:`paged_numba.fp8.quantize` computes, in
   every layout, from fp16, bf16 and fp32 keys, with per-tensor and per-head
   scales.
-* Decode and prefill over fp8 pools (the CUDA-core kernels) match the
+* Decode and prefill over fp8 pools (here the CUDA-core kernels) match the
   float64 reference of the dequantised values within the error model
   (hypothesis: both formats, both scale granularities, every query dtype and
   layout, the variants, split-K for decode).
@@ -341,8 +341,8 @@ def test_bad_fp8_caches_and_inputs():
     with pytest.raises(ValueError, match="key and value must have the same dtype"):
         pn.write_kv(c, np.zeros((1, 1, 16), np.float16), np.zeros((1, 1, 16), np.float32), [0])
     assert not c.key_cache.copy_to_host().any()         # nothing was written
-    with pytest.raises(ValueError, match="tensor_cores=True needs"):
-        pn.DecodePlan(c, 1, 2, 1, tensor_cores=True)
+    with pytest.raises(ValueError, match="tensor_cores=True with an fp8 cache needs"):
+        pn.DecodePlan(c, 1, 2, 1, tensor_cores=True)       # head size 16
     with pytest.raises(ValueError, match="tensor_cores=True needs"):
         pn.paged_prefill(np.zeros((1, 2, 16), np.float16), c, table, [0, 1], lens,
                          tensor_cores=True)

@@ -203,13 +203,17 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2)),
      dict(sliding_window=30)),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=3, prefetch_queries=True)), {}),
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3, prefetch_queries=True,
+        prefetch_ranges=True)), {}),
     (WS_HEADS, False, dict(WS_TWO, heads_per_block=2, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2,
-        prefetch_queries=True)), dict(sliding_window=30))],
+        prefetch_queries=True)), dict(sliding_window=30)),
+    (WS_HEADS, False, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=2, prefetch_ranges=True)),
+     dict(sliding_window=30))],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "persistent-split-k",
-         "prefetch-serpentine", "prefetch-swizzled-window"])
+         "prefetch-serpentine", "prefetch-swizzled-window", "ranges-split-window"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -220,8 +224,10 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     3; the ring goes on from one item's keys to the next), and two blocks of
     two items with split-K and a window; the same with the next item's queries
     copied ahead into a second buffer (``prefetch_queries``: three blocks
-    taking 3, 3 and 2 items alternate their buffers; two blocks of two items,
-    swizzled, not causal, with a window)."""
+    taking 3, 3 and 2 items alternate their buffers, their next ranges read
+    ahead too, ``prefetch_ranges``; two blocks of two items, swizzled, not
+    causal, with a window); ranges read ahead alone, with split-K and a
+    window."""
     check_prefill(p, causal, tiling, **extra)
 
 

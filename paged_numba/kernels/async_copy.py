@@ -2,7 +2,8 @@
 
 ``copy16_async(dst, dst_flat, src, src_flat)`` starts copying the 16 bytes
 of ``src`` at flat element index ``src_flat`` to ``dst`` (a shared array) at
-``dst_flat``; both must be 16-byte aligned. ``commit_group()`` closes the
+``dst_flat``; both must be 16-byte aligned (the two arrays' element types
+may differ: the bytes are copied as they are). ``commit_group()`` closes the
 group of copies this thread started since the last commit, and
 ``wait_group(n)`` (a factory: ``n`` is a compile-time constant) returns a
 device function that waits until at most ``n`` of this thread's committed
@@ -17,6 +18,7 @@ commit/wait do nothing.
 """
 import functools
 
+import numpy as np
 from numba import config, types
 
 from .vector import _host_flat
@@ -25,8 +27,11 @@ if config.ENABLE_CUDASIM:
 
     def copy16_async(dst, dst_flat, src, src_flat):
         d, s = _host_flat(dst), _host_flat(src)
-        n = 16 // s.itemsize
-        d[dst_flat:dst_flat + n] = s[src_flat:src_flat + n]
+        if d.dtype == s.dtype:
+            d[dst_flat:dst_flat + 16 // s.itemsize] = s[src_flat:src_flat + 16 // s.itemsize]
+        else:       # the 16 bytes as they are (e.g. fp8 codes into a 16-bit ring)
+            i, j = dst_flat * d.itemsize, src_flat * s.itemsize
+            d.view(np.uint8)[i:i + 16] = s.view(np.uint8)[j:j + 16]
 
     def commit_group():
         pass
@@ -64,8 +69,7 @@ else:
 
     @intrinsic
     def copy16_async(typingctx, dst, dst_flat, src, src_flat):
-        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
-                and dst.dtype == src.dtype):
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
             return None
         sig = types.void(dst, dst_flat, src, src_flat)
 

@@ -1,4 +1,5 @@
-"""Paged decode attention with the q.k products on tensor cores (fp16/bf16 caches).
+"""Paged decode attention with the q.k products on tensor cores (fp16/bf16
+caches, and fp8 caches with fp16/bf16 queries).
 
 Computes what ``kernels.decode`` computes (see its NumPy spec, with the
 same arguments, grid and outputs) with a different work split and rounding;
@@ -50,11 +51,22 @@ and ``key_rows`` options choose them, by default ``pv_mma`` everywhere and
 values copied as above into an XOR-swizzled ring and read with
 ``ldmatrix.trans``; ``key_rows`` copies the keys the same way and reads their
 B fragments with ``ldmatrix``.
+
+fp8 caches (``dtype`` "float8_e4m3fn" or "float8_e5m2", ``query_dtype``
+"float16" or "bfloat16", head sizes 64/128/256, not "vllm"; both variants):
+the ring holds the codes (16 a 16-byte vector, typed 16-bit for ``ldmatrix``)
+and :mod:`.fp8_mma` converts them in registers: a key ldmatrix word (dims
+``4c .. 4c + 3``) into the two B words of one k-step, the query's A words
+loaded in that order; a value ``ldmatrix.trans`` word (dims ``2r, 2r + 1``
+of tokens ``2c, 2c + 1``) into the A fragment of output rows ``16 t + 2r``
+and ``+ 1`` (``row_a``, ``row_b``). The products are in the query's type;
+``kv_scales [2, num_kv_heads]`` is a last argument: K's scale goes into the
+logits' scale, V's onto the output before the warps merge.
 """
 import functools
 import math
 
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, uint16, uint32
 
 from .access import device_function, row_strides, vector_accessors, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
@@ -63,8 +75,11 @@ from .decode import FULL_MASK, LOG2E, NEG_INF, STORAGE, lane_reducer, warp_merge
 from .guard import block_of, length_of, outside
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .decode_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
-    DTYPES, HEAD_SIZES, LAYOUTS, MAX_HPB, MAX_SHARED_BYTES, SATURATING_WARP_DIMS, STEP,
-    _chunks_per_lane, dynamic_ring_bytes, ring_stages, saturating_blocks, supports)
+    DTYPES, FP8_DTYPES, FP8_HEAD_SIZES, FP8_LAYOUTS, HEAD_SIZES, LAYOUTS, MAX_HPB,
+    MAX_SHARED_BYTES, SATURATING_WARP_DIMS,
+    STEP, _chunks_per_lane, dynamic_ring_bytes, kv_bytes, ring_stages, saturating_blocks,
+    supports)
+from .fp8_mma import crossed, pairs
 from .vector import load16
 
 
@@ -72,7 +87,7 @@ from .vector import load16
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False):
+                     key_rows=False, query_dtype=None):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -91,6 +106,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
+    FP8 = dtype in FP8_DTYPES
+    if FP8 and not (pv_mma and key_rows):
+        raise ValueError(f"an fp8 cache ({dtype}) needs pv_mma=True and key_rows=True, but got "
+                         f"pv_mma={pv_mma}, key_rows={key_rows}")
+    MMA_T = (query_dtype or "float16") if FP8 else dtype    # the products' operand type
+    if MMA_T not in DTYPES:
+        raise ValueError(f"the tensor-core decode kernel of an fp8 cache takes float16 or "
+                         f"bfloat16 queries, but got query_dtype={query_dtype!r}")
     if heads_per_block > MAX_HPB and not pv_mma:
         raise ValueError(f"heads_per_block={heads_per_block} (more than {MAX_HPB}) needs pv_mma=True: "
                          f"the CUDA-core P @ V holds {MAX_HPB} heads a lane at most")
@@ -101,12 +124,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     NH = 2 if TWO else 1                  # 8-head halves of P @ V's output tiles
     HROWS = 16 if TWO else MAX_HPB        # rows of the warps' (m, l) tables
     HP4 = -(-HPB // 4) * 4                # probability row padded to whole 16-byte reads
-    VEC = 8
-    NVEC = D // VEC
+    VEC = 8                               # ring elements (16-bit) of a 16-byte vector
+    CVEC = 16 // kv_bytes(dtype)          # cache elements of a 16-byte vector
+    NVEC = D // CVEC                      # 16-byte vectors of a K or V row
     KV4 = NVEC // 4                       # key vectors per lane and token (c, c + 4, ...)
     KSTEPS = D // 16                      # mma products per step
     QA = 2 * KSTEPS                       # A-fragment words per lane
-    KW = 4 * KV4                          # B-fragment words per lane and step
+    KW = 2 * KSTEPS                       # B-fragment words per lane and step
     LPR = min(32, NVEC)                   # lanes per value row
     TG = 32 // LPR                        # token groups of the value lanes
     TPL = STEP // TG                      # value tokens per lane and step
@@ -116,41 +140,56 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     KR = key_rows
     # the ring in dynamic shared memory where that holds more of the stages asked for
     # (more warps, or a deeper ring) than the static 48 KB
-    DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV)
+    DYNAMIC_BYTES = dynamic_ring_bytes(D, NW, stages, layout, PV, kv_bytes(dtype))
     DYNAMIC = DYNAMIC_BYTES > 0
-    STAGES = ring_stages(D, NW, stages, layout, PV, dynamic=DYNAMIC)
+    STAGES = ring_stages(D, NW, stages, layout, PV, DYNAMIC, kv_bytes(dtype))
     STAGE_V = layout != "vllm"            # "vllm" value rows are strided: not cp.async
     NMMA = D // 16                        # P @ V on tensor cores: 16-dim output tiles
-    NLDM = NVEC // 4                      # ... and ldmatrix.x4 loads a step
+    NLDM = NVEC // 4                      # ... and ldmatrix.x4 loads a step (fp8: 4 tiles
+    #                                       a load, else 2)
     assert STAGES >= 2, "the copy ring does not fit: use fewer warps"
     CPS = KV4 + (TPL if STAGE_V or PV else 0)   # 16-byte chunks per lane and step
     RING = STAGES * CPS * NT * VEC
     ONE_BLOCK = BLOCK_SIZE % STEP == 0    # a step's tokens share one block
-    SMEM_T = STORAGE[dtype]
+    SMEM_T = uint16 if FP8 else STORAGE[dtype]     # fp8: code pairs
     PREFETCH = prefetch and ONE_BLOCK     # block numbers of 32 steps held one per lane
     assert STAGES - 1 <= 32, "the ring's fill reads the first window of block numbers"
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
-    k_flat, v_flat = vector_offsets(layout, VEC, BLOCK_SIZE, D)
-    _, v_vec = vector_accessors(layout, dtype)
+    k_flat, v_flat = vector_offsets(layout, CVEC, BLOCK_SIZE, D)
+    _, v_vec = vector_accessors(layout, "float16" if FP8 else dtype)   # (not with fp8)
     wait_stages = wait_group(STAGES - 1)
-    mma = mma_m16n8k16(dtype)
-    mma8 = mma_m16n8k8(dtype)
-    split_p = split_pack(dtype)
-    _, from_f32 = codec("float32" if split else dtype)
+    mma = mma_m16n8k16(MMA_T)
+    mma8 = mma_m16n8k8(MMA_T)
+    split_p = split_pack(MMA_T)
+    _, from_f32 = codec("float32" if split else MMA_T)
+    if FP8:
+        key_words = pairs(dtype, MMA_T)           # a key row's dims 4c .. 4c + 3
+        value_words = crossed(dtype, MMA_T)       # dims 2r, 2r + 1 of tokens 2c, 2c + 1
     quad_max = lane_reducer(3, True)            # over the 4 lanes of a head row
     quad_sum = lane_reducer(3, False)
+    @device_function
+    def row_a(i, r):
+        """The dim of row ``r`` of P @ V's output tile ``i``."""
+        return 16 * i + 2 * r if FP8 else 16 * i + r
+
+    @device_function
+    def row_b(i, r):
+        """The dim of row ``r + 8`` of P @ V's output tile ``i``."""
+        return 16 * i + 2 * r + 1 if FP8 else 16 * i + r + 8
+
     if PV:
         @device_function
         def put_row(acc_s, warp, hh, r, c, o, f):
             """Lanes of column pair ``(hh % 8) // 2`` hold head ``hh``'s output in
             their mma tiles of half ``hh // 8``: dims ``16 i + r`` and ``16 i + r +
-            8``; the 2**15 of the weights comes off here (exactly)."""
+            8`` (fp8: ``16 i + 2 r`` and ``16 i + 2 r + 1``); the 2**15 of the
+            weights comes off here (exactly)."""
             if c == (hh % 8) // 2:
                 f = f * float32(2.0 ** -15)
                 if not TWO:
                     for i in range(NMMA):
-                        acc_s[warp, 16 * i + r] = o[0, i, hh % 2] * f
-                        acc_s[warp, 16 * i + r + 8] = o[0, i, 2 + hh % 2] * f
+                        acc_s[warp, row_a(i, r)] = o[0, i, hh % 2] * f
+                        acc_s[warp, row_b(i, r)] = o[0, i, 2 + hh % 2] * f
                 else:   # constant indices only: the tiles stay in registers
                     odd = hh % 2 == 1
                     for i in range(NMMA):
@@ -159,8 +198,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                         if hh >= 8:
                             x0 = o[NH - 1, i, 1] if odd else o[NH - 1, i, 0]
                             x2 = o[NH - 1, i, 3] if odd else o[NH - 1, i, 2]
-                        acc_s[warp, 16 * i + r] = x0 * f
-                        acc_s[warp, 16 * i + r + 8] = x2 * f
+                        acc_s[warp, row_a(i, r)] = x0 * f
+                        acc_s[warp, row_b(i, r)] = x2 * f
         merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32, put_row)
     else:
         merge_warps = warp_merger(NW, HPB, D, VEC, 1, LPR, from_f32)
@@ -319,7 +358,24 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         """A-fragment words of query row ``h`` (zeros unless ``valid``): vector
         ``c + 4i`` holds the words of k-steps ``2i`` (words 0, 1) and ``2i + 1``
         (words 2, 3); with ``key_rows`` k-step ``kk`` takes words ``c`` of vectors
-        ``2 kk`` and ``2 kk + 1``."""
+        ``2 kk`` and ``2 kk + 1``; with an fp8 cache k-step ``kk`` takes dims ``16 kk
+        + 4c, + 1`` (word 0) and ``+ 2, + 3`` (word 1), as the keys' ldmatrix gives
+        them."""
+        if FP8:
+            for kk in range(KSTEPS):
+                w0 = uint32(0)
+                w1 = uint32(0)
+                w2 = uint32(0)
+                w3 = uint32(0)
+                if valid:   # 8-element vector 2 kk + c // 2: dims 16 kk + 8 (c // 2) ..
+                    w0, w1, w2, w3 = load_words(query, ((seq * query.shape[1] + h) * D
+                                                        + (2 * kk + (c >> 1)) * VEC))
+                if c & 1:
+                    w0 = w2
+                    w1 = w3
+                qa[2 * kk] = w0
+                qa[2 * kk + 1] = w1
+            return
         for i in range(KV4):
             w0 = uint32(0)
             w1 = uint32(0)
@@ -395,11 +451,26 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
             w2, w3, p_hi, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
 
-    @cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
-                 else dict(max_registers=max_registers)))
-    def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                               seq_lens, scale, partition_size, alibi_slopes, soft_cap, window,
-                               errors):
+    @device_function
+    def pv_tile8(o, hf, t, a0, a1, p_lo, p_hi):
+        """fp8: output tile ``t`` of half ``hf`` += the value fragment ``(a0, a1)``
+        (dims ``16 t + 2 r`` and ``+ 1``) times the weights, low then high half."""
+        o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
+            a0, a1, p_lo, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
+        o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3] = mma8(
+            a0, a1, p_hi, o[hf, t, 0], o[hf, t, 1], o[hf, t, 2], o[hf, t, 3])
+
+    @device_function
+    def pv_words(o, k, j, w, p_lo, p_hi, q_lo, q_hi):
+        """fp8: word ``j`` of value ldmatrix ``k`` into output tile ``4 k + j``."""
+        a0, a1 = value_words(w)
+        pv_tile8(o, 0, 4 * k + j, a0, a1, p_lo, p_hi)
+        if TWO:
+            pv_tile8(o, 1, 4 * k + j, a0, a1, q_lo, q_hi)
+
+    @device_function
+    def decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+               partition_size, alibi_slopes, soft_cap, window, errors, kv_scales):
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
@@ -438,7 +509,12 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         load_a(qa, query, seq, h0 + r, r < HPB, c)
         load_a(qb, query, seq, h0 + r + 8, TWO and r + 8 < HPB, c)
         zero = uint32(0)
-        qscale = scale * float32(LOG2E)
+        k_scale = float32(1.0)
+        v_scale = float32(1.0)
+        if FP8:     # the codes' scales: K's into the logits' scale, V's into the output
+            k_scale = kv_scales[0, kvh]
+            v_scale = kv_scales[1, kvh]
+        qscale = scale * float32(LOG2E) * k_scale
         cap2 = soft_cap * float32(LOG2E)
         slope = float32(0.0)
         if r < HPB:
@@ -518,7 +594,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 cuda.syncwarp()                      # every lane's rows are in the ring
             # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
             for i in range(KV4):
-                if KR:   # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 2i, 2i + 1
+                if FP8:  # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 4i .. 4i + 3
+                    x0, x1, x2, x3 = ldmatrix_x4(
+                        ring, ((stage * CPS + lt // TG) * NT + (lrow ^ (4 * i))) * VEC)
+                    kw[8 * i], kw[8 * i + 1] = key_words(x0)
+                    kw[8 * i + 2], kw[8 * i + 3] = key_words(x1)
+                    kw[8 * i + 4], kw[8 * i + 5] = key_words(x2)
+                    kw[8 * i + 6], kw[8 * i + 7] = key_words(x3)
+                elif KR:  # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 2i, 2i + 1
                     kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = ldmatrix_x4(
                         ring, ((stage * CPS + lt // TG) * NT + (lrow ^ (4 * i))) * VEC)
                 else:
@@ -561,9 +644,15 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 for k in range(NLDM):
                     w0, w1, w2, w3 = ldmatrix_x4_trans(
                         ring, ((stage * CPS + lstrip) * NT + (lrow ^ (4 * k))) * VEC)
-                    pv_tiles(o, 0, k, w0, w1, w2, w3, p_lo, p_hi)
-                    if TWO:
-                        pv_tiles(o, 1, k, w0, w1, w2, w3, q_lo, q_hi)
+                    if FP8:
+                        pv_words(o, k, 0, w0, p_lo, p_hi, q_lo, q_hi)
+                        pv_words(o, k, 1, w1, p_lo, p_hi, q_lo, q_hi)
+                        pv_words(o, k, 2, w2, p_lo, p_hi, q_lo, q_hi)
+                        pv_words(o, k, 3, w3, p_lo, p_hi, q_lo, q_hi)
+                    else:
+                        pv_tiles(o, 0, k, w0, w1, w2, w3, p_lo, p_hi)
+                        if TWO:
+                            pv_tiles(o, 1, k, w0, w1, w2, w3, q_lo, q_hi)
                 stage = int32(stage + 1 if stage + 1 < STAGES else 0)
                 continue
             cuda.syncwarp()                          # the last step's reads of p_s are done
@@ -615,11 +704,35 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             if c == 0 and r + 8 < HPB:
                 m_s[warp, r + 8] = m_run2
                 l_s[warp, r + 8] = l_run2
+        if FP8:
+            for hf in range(NH):
+                for i in range(NMMA):
+                    for e in range(4):
+                        o[hf, i, e] *= v_scale
         if PV:
             merge_warps(out, lse, seq, part, h0, warp, tid, r, c, o, m_s, l_s, acc_s)
         else:
             merge_warps(out, lse, seq, part, h0, warp, tid, g, lr, acc, m_s, l_s, acc_s)
 
+    jit = cuda.jit(**({} if max_registers is None or config.ENABLE_CUDASIM
+                      else dict(max_registers=max_registers)))
+    if FP8:
+        @jit
+        def paged_decode_tc_fp8_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                       seq_lens, scale, partition_size, alibi_slopes, soft_cap,
+                                       window, errors, kv_scales):
+            decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                   partition_size, alibi_slopes, soft_cap, window, errors, kv_scales)
+        kernel = paged_decode_tc_fp8_kernel
+    else:
+        @jit
+        def paged_decode_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                   seq_lens, scale, partition_size, alibi_slopes, soft_cap,
+                                   window, errors):
+            decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                   partition_size, alibi_slopes, soft_cap, window, errors,
+                   alibi_slopes)     # (no scales)
+        kernel = paged_decode_tc_kernel
     # what a launch must ask for (``_launch.PackedLaunch`` reads it)
-    paged_decode_tc_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
-    return paged_decode_tc_kernel
+    kernel.dynamic_shared_bytes = DYNAMIC_BYTES
+    return kernel

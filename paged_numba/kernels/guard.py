@@ -84,7 +84,12 @@ def record_block(block_tables, errors, seq, bad):
 def length_of(seq_lens, errors, seq, cap):
     """``seq_lens[seq]`` clamped into ``[0, cap]`` (``cap``: the tokens a table
     row holds), the offence recorded where it had to be."""
-    n = seq_lens[seq]
+    return clamped_length(seq_lens[seq], errors, seq, cap)
+
+
+@device_function
+def clamped_length(n, errors, seq, cap):
+    """:func:`length_of` of a length ``n`` already read from ``seq_lens[seq]``."""
     if outside(n, cap + 1):
         offend(errors, SEQ_LEN, seq, seq, n)
         n = int32(0) if n < 0 else int32(cap)
@@ -102,6 +107,12 @@ def checked_unchecked(block_tables, seq, b, num_blocks, bad):
 @device_function
 def record_nothing(block_tables, errors, seq, bad):
     """:func:`record_block` without the guard."""
+
+
+@device_function
+def clamped_unchecked(n, errors, seq, cap):
+    """``n`` as it is: :func:`clamped_length` without the guard."""
+    return n
 
 
 @device_function

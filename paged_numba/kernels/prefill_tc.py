@@ -64,7 +64,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
                       wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False,
                       persistent=False, guard=True, lazy_rescale=False, timeline=False,
-                      prefetch_queries=False):
+                      prefetch_queries=False, prefetch_ranges=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -116,7 +116,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     rescaled after the first tiles; the weights then reach ``2**8`` instead
     of 1, which changes their rounding only relatively (no bound changes).
     ``prefetch_queries=True`` (with ``persistent``) copies a block's next
-    item's queries into a second buffer while the current item runs.
+    item's queries into a second buffer while the current item runs;
+    ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
+    entries and sequence bounds during the current item.
     ``timeline=True`` (with ``persistent``) stamps each item's phases in the
     error array, for experiments (:mod:`kernels.timeline`)."""
     if not supports(head_size, dtype, layout):
@@ -140,8 +142,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            stages=WS_STAGES if stages is None else stages,
                                            pingpong=pingpong, persistent=persistent,
                                            guard=guard, lazy_rescale=lazy_rescale,
-                                           timeline=timeline, prefetch_queries=prefetch_queries)
-        if stages is not None or pingpong or persistent or timeline or prefetch_queries:
+                                           timeline=timeline, prefetch_queries=prefetch_queries,
+                                           prefetch_ranges=prefetch_ranges)
+        if (stages is not None or pingpong or persistent or timeline or prefetch_queries
+                or prefetch_ranges):
             raise ValueError(f"stages, pingpong, persistent, timeline and prefetch_queries apply "
                              f"to the producer kernel, but got stages={stages}, "
                              f"pingpong={pingpong}, persistent={persistent}, timeline={timeline}, "
@@ -151,7 +155,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                     fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle,
                                     guard=guard, lazy_rescale=lazy_rescale)
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
-            or timeline or prefetch_queries):
+            or timeline or prefetch_queries or prefetch_ranges):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True and prefetch_queries=True need "
                          "wgmma=True")

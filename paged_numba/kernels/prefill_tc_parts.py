@@ -24,7 +24,7 @@ from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import LOG2E, STORAGE, lane_reducer
 from .fastmath import exp2_approx
-from .guard import (checked_block, checked_unchecked, length_of, length_unchecked,
+from .guard import (checked_block, checked_unchecked, clamped_length, clamped_unchecked,
                     record_block, record_nothing)
 from .mma import pack_pair
 from .prefill_tc_io import NEG_INF, cuda_function, query_parts
@@ -111,8 +111,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                          f"num_warps={NW}")
     exp2 = exp2_approx if fast_exp2 else math.exp2
     LAZY = bool(lazy_rescale)
-    checked_, record_, length_of_ = ((checked_block, record_block, length_of) if guard else
-                                     (checked_unchecked, record_nothing, length_unchecked))
+    checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
+                                   (checked_unchecked, record_nothing, clamped_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
     SMEM_T = STORAGE[dtype]
     k_flat, v_flat = vector_offsets(layout, 8, BLOCK_SIZE, D)
@@ -337,10 +337,16 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         length beyond what the sequence's row of ``tables = (block_tables,
         errors)`` holds is clamped to it (:mod:`.guard`)."""
         seq = tile_seq[tile]
-        q0 = tile_q0[tile]
-        row0 = cu_seqlens_q[seq]
-        q_len = cu_seqlens_q[seq + 1] - row0
-        kv_len = length_of_(seq_lens, tables[1], seq, tables[0].shape[1] * BLOCK_SIZE)
+        return range_of(seq, tile_q0[tile], cu_seqlens_q[seq], cu_seqlens_q[seq + 1],
+                        seq_lens[seq], causal, window, tables)
+
+    @cuda_function
+    def range_of(seq, q0, row0, row_end, n, causal, window, tables):
+        """:func:`tile_range` of values already read: ``tile_seq[tile]``,
+        ``tile_q0[tile]``, ``cu_seqlens_q[seq]``, ``cu_seqlens_q[seq + 1]`` and
+        ``seq_lens[seq]``."""
+        q_len = row_end - row0
+        kv_len = clamped_(n, tables[1], seq, tables[0].shape[1] * BLOCK_SIZE)
         nq = int32(min(BQ, q_len - q0))       # valid query tokens of this tile
         pos0 = int32(kv_len - q_len + q0)     # position of its first query
         kv_lo = int32(0 if window <= 0 else max(pos0 - window + 1, 0))

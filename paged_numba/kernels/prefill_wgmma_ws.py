@@ -76,7 +76,8 @@ def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES, prefetch_queri
 def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dtype, layout,
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
-                            lazy_rescale=False, timeline=False, prefetch_queries=False):
+                            lazy_rescale=False, timeline=False, prefetch_queries=False,
+                            prefetch_ranges=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -104,6 +105,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     block's next item into the other buffer, so that the next item need not
     wait for them. The items use the two buffers in turn.
 
+    ``prefetch_ranges=True`` (with ``persistent``): each warpgroup reads the
+    next item's tile entries (``tile_seq``, ``tile_q0``) when it starts an
+    item, and that sequence's bounds (``cu_seqlens_q``, ``seq_lens``) once
+    this item's copies (producer) or products (consumers) are issued, so that
+    the next item starts without a chain of two dependent loads.
+
     ``timeline=True`` (with ``persistent``), for experiments: the kernel
     stamps each of its block's items in the error array, which must then have
     :func:`kernels.timeline.timeline_words` words; the producer at the item's
@@ -128,6 +135,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if prefetch_queries and (not persistent or split_k):
         raise ValueError(f"prefetch_queries=True needs persistent=True and no split-K, but got "
                          f"persistent={persistent}, split_k={split_k}")
+    if prefetch_ranges and not persistent:
+        raise ValueError("prefetch_ranges=True needs persistent=True (a block's next item)")
     if timeline and not persistent:
         raise ValueError("timeline=True needs persistent=True (it stamps a block's items)")
     if persistent and not pingpong:
@@ -149,6 +158,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     tile_entries, issue_entries = P.tile_entries, P.issue_entries
     k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_warp_queries, P.tile_range, P.init_rows
+    range_of = P.range_of
     store_staged, SPLIT = P.store_staged, P.SPLIT
     exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
@@ -166,6 +176,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     PERSISTENT = bool(persistent)
     TIMELINE = bool(timeline)
     PREFETCH = bool(prefetch_queries)
+    RANGES = bool(prefetch_ranges)
     Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
     DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH else 0)
     assert not swizzle or (2 * Q2_DELTA) % 1024 == 0, "second query buffer off a swizzle atom"
@@ -240,6 +251,38 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             full_arrive(FULL + STAGES + j % STAGES)
 
     @device_function
+    def item_range(rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
+                   tables):
+        """:func:`tile_range` of round ``rnd``'s ``tile``, from the values
+        :func:`next_entries` and :func:`next_bounds` read into ``nx`` during
+        the last round (with ``prefetch_ranges``; else read now)."""
+        if RANGES and rnd > 0:
+            return range_of(nx[0], nx[1], nx[2], nx[3], nx[4], causal, window, tables)
+        return tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
+                          tables)
+
+    @device_function
+    def next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0):
+        """Start reading round ``rnd + 1``'s tile entries into ``nx`` (used
+        from :func:`next_bounds` on, long after: the loads do not stall)."""
+        if RANGES:
+            ntile, _, nreal = work_item(rnd + 1, items, num_heads)
+            if nreal:
+                nx[0] = tile_seq[ntile]
+                nx[1] = tile_q0[ntile]
+
+    @device_function
+    def next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens):
+        """Start reading the bounds of round ``rnd + 1``'s sequence into ``nx``."""
+        if RANGES:
+            _, _, nreal = work_item(rnd + 1, items, num_heads)
+            if nreal:
+                nseq = nx[0]
+                nx[2] = cu_seqlens_q[nseq]
+                nx[3] = cu_seqlens_q[nseq + 1]
+                nx[4] = seq_lens[nseq]
+
+    @device_function
     def mark(errors, rnd, role, k, tid):
         """Stamp point ``k`` of round ``rnd`` for warpgroup ``role`` (its
         first thread; only with ``timeline``)."""
@@ -267,6 +310,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 shrink()
             tid_slot = slot(0, row_of(tid), chunk_of(tid))
             done = int32(0)             # tiles of the ring so far
+            nx = cuda.local.array(5, int32)     # the next item's range, read ahead
             for rnd in range(num_rounds):
                 tile, h0, real = work_item(rnd, items, num_heads)
                 if real:
@@ -274,8 +318,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     kvh = h0 // group
                     kstr = k_strides(key_cache, kvh, chunk_of(tid))
                     vstr = v_strides(value_cache, kvh, chunk_of(tid))
-                    seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
-                        tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
+                    seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
+                        rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
+                        window, tables)
+                    next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0)
                     last = int32(kv_hi - 1)
                     mark(errors, rnd, 0, 1, tid)
                     for j in range(ntiles):
@@ -293,6 +339,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             publish(g - 1)
                         if j == 0:
                             mark(errors, rnd, 0, 2, tid)
+                    next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens)
                     mark(errors, rnd, 0, 3, tid)
                     done += ntiles
             if done > 0:
@@ -327,12 +374,15 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         done = int32(0)
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
         have = False            # its queries were started by the previous item
+        nx = cuda.local.array(5, int32)     # the next item's range, read ahead
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
             if real:
                 mark(errors, rnd, 1 + cwg, 0, ct)
-                seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = tile_range(
-                    tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
+                seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
+                    rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
+                    tables)
+                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0)
                 qbase = int32(par * Q2_DELTA)
                 if ntiles > 0 and not have:
                     # its own rows: this warp's products and stores of the item
@@ -372,6 +422,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
                          kv_hi, ntiles, done, causal, window, qscale, soft_cap, cap2, alibi, sc,
                          plain, (cwg,))
+                next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens)
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 if SPLIT:
                     store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)

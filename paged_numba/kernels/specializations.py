@@ -107,6 +107,17 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         sig = decode_signatures(dtype, layout)[1 if split else 0]
         yield (f"decode_tc hs={hs} bs={bs} hpb={hpb} {layout} {dtype} out={sig[0].dtype} "
                f"threads={threads}"), kernel, sig
+    # fp8 caches on the tensor-core kernel: unsplit with fp16 queries, split with bf16
+    # queries, and head size 64 in the interleaved layout
+    for hs, fmt, layout, split, q_dtype in ((128, "float8_e4m3fn", "nhd", False, "float16"),
+                                            (128, "float8_e5m2", "hnd", True, "bfloat16"),
+                                            (64, "float8_e4m3fn", "interleaved", False,
+                                             "float16")):
+        kernel, threads, _ = decode_launch(hs, 16, 4, fmt, layout, split, tensor_cores=True,
+                                           query_dtype=q_dtype)
+        sig = decode_signatures(fmt, layout, q_dtype)[int(split)]
+        yield (f"decode_tc hs={hs} bs=16 hpb=4 {layout} {fmt} q={q_dtype} out={sig[0].dtype} "
+               f"threads={threads}"), kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, _vector_width(dtype))
         for slot_dtype in ("int64", "int32"):

@@ -111,7 +111,7 @@ def fitting_warps(head_size, stages=STAGES, num_warps=NUM_WARPS, dynamic=False):
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                   tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None, pv_mma=None,
-                  key_rows=None):
+                  key_rows=None, query_dtype=None):
     """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
     ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
@@ -125,10 +125,26 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     ``decode_tc.decode_tc_kernel``'s ``pv_mma`` and ``key_rows``): ``pv_mma``
     None means True (P @ V on tensor cores), ``key_rows`` None means
     ``not split`` (keys by ldmatrix in the unsplit kernel only, where it is
-    faster); the CUDA-core kernel ignores both."""
+    faster); the CUDA-core kernel ignores both. An fp8 cache (``query_dtype``
+    the queries' dtype name) takes the tensor-core kernel with both variants,
+    for float16 and bfloat16 queries; with float32 queries, or either variant
+    False, the CUDA-core kernel."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
-    usable = decode_tc.supports(head_size, hpb, dtype, layout)
+    fp8 = dtype in decode_tc.FP8_DTYPES
+    usable = decode_tc.supports(head_size, hpb, dtype, layout) and (
+        not fp8 or (query_dtype in decode_tc.DTYPES and pv_mma is not False
+                    and key_rows is not False))
+    if tensor_cores and fp8 and not usable:
+        raise ValueError(f"tensor_cores=True with an fp8 cache needs float16 or bfloat16 "
+                         f"queries, head_size in {decode_tc.FP8_HEAD_SIZES}, a layout in "
+                         f"{decode_tc.FP8_LAYOUTS} and pv_mma, key_rows not False, but got "
+                         f"{query_dtype} queries, head_size={head_size}, {layout!r}, "
+                         f"pv_mma={pv_mma}, key_rows={key_rows}.")
+    if hpb > decode_tc.MAX_HPB and (not usable or tensor_cores is False):
+        raise ValueError(f"heads_per_block={hpb} needs the tensor-core kernel, which does not "
+                         f"take this launch ({dtype}, {query_dtype} queries, {layout!r}, "
+                         f"head_size={head_size}, tensor_cores={tensor_cores}).")
     if tensor_cores and not usable:
         raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache in one of the layouts "
                          f"{decode_tc.LAYOUTS}, head_size in {decode_tc.HEAD_SIZES} and at most "
@@ -140,9 +156,12 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         num_warps = fitting_warps(head_size, stages, num_warps, dynamic=True)
         variant = dict(pv_mma=True if pv_mma is None else bool(pv_mma),
                        key_rows=not split if key_rows is None else bool(key_rows))
+        if fp8:
+            variant = dict(pv_mma=True, key_rows=True, query_dtype=query_dtype)
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
-        cap = register_cap(kernel, decode_signatures(dtype, layout)[int(split)], 32 * num_warps)
+        signature = decode_signatures(dtype, layout, query_dtype or "float16")[int(split)]
+        cap = register_cap(kernel, signature, 32 * num_warps)
         if cap is not None:
             kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap,
                                                 **variant)

@@ -185,7 +185,9 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     at position ``n - 1`` (:func:`prefill_error_bound` with ``tensor_cores``;
     its merges, one per key, cover the split-K parts). For an fp8 problem
     ``k`` and ``v`` are the dequantised pools (``stored * scale``, float64) and
-    the kernel's two scale multiplications count as ``scale_roundings=1``.
+    the kernel's two scale multiplications count as ``scale_roundings=1``; with
+    float16 or bfloat16 queries at the head sizes the tensor-core kernel takes,
+    its products are in the query's type (the codes convert exactly).
 
     Parameters
     ----------
@@ -224,11 +226,14 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
         scale = 1.0 / math.sqrt(problem.head_size)
     group = problem.num_heads // problem.num_kv_heads
     hpb = heads_per_block(group)
-    tc = decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout)
+    fp8 = is_fp8(problem.dtype)           # the scales folded in: one rounding more
+    # an fp8 cache: the tensor-core kernel for fp16 and bf16 queries, in their type
+    mma_dtype = str(problem.query_dtype) if fp8 else problem.dtype
+    tc = (decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout)
+          and mma_dtype in decode_tc.DTYPES)
     # MQA and groups of 32 or more run on the tensor-core prefill tile: its bound
     tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout)
     dot_u = TENSOR_CORE_U if tc else U32
-    fp8 = is_fp8(problem.dtype)           # the CUDA-core kernel, scales folded in
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
@@ -241,7 +246,7 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
         pv = None
         if tc and (pv_mma is None or pv_mma):
             steps = min(int(n), -(-int(n) // 8) + 2 * num_partitions)
-            pv = (steps, *PV_WEIGHT_ERROR[problem.dtype])
+            pv = (steps, *PV_WEIGHT_ERROR[mma_dtype])
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
                                                        dot_u=dot_u, pv=pv,
                                                        scale_roundings=int(fp8), **variants)
