@@ -7,7 +7,7 @@ from . import _validate as V
 from .kernels import decode_tc
 from .kernels.specializations import decode_signatures
 from .kernels.tuning import (NUM_WARPS, STAGES, UNROLL, decode_launch, fitting_warps,
-                             resident_blocks)
+                             resident_blocks, tensor_cores_apply)
 
 MIN_PARTITION = 256   # split-K never makes partitions shorter than this (tokens)
 PARTITION_COST = 256  # fixed cost of a thread block in the split-K model, in tokens
@@ -104,8 +104,9 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
     pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
     unroll = C.integer("unroll", unroll, lo=1)
     stages = C.integer("stages", stages, lo=2, hi=MAX_STAGES)
-    tc = tensor_cores is not False and decode_tc.supports(cache.head_size, hpb,
-                                                          cache.dtype.name, cache.layout)
+    tc = tensor_cores is not False and tensor_cores_apply(
+        cache.head_size, hpb, cache.dtype.name, cache.layout, _name(query_dtype), pv_mma,
+        key_rows)
     if num_warps is None:
         num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (C.power_of_two("num_warps", num_warps, hi=MAX_WARPS), unroll, stages)

@@ -26,12 +26,9 @@ from .vector import _host_flat
 if config.ENABLE_CUDASIM:
 
     def copy16_async(dst, dst_flat, src, src_flat):
-        d, s = _host_flat(dst), _host_flat(src)
-        if d.dtype == s.dtype:
-            d[dst_flat:dst_flat + 16 // s.itemsize] = s[src_flat:src_flat + 16 // s.itemsize]
-        else:       # the 16 bytes as they are (e.g. fp8 codes into a 16-bit ring)
-            i, j = dst_flat * d.itemsize, src_flat * s.itemsize
-            d.view(np.uint8)[i:i + 16] = s.view(np.uint8)[j:j + 16]
+        d, s = _host_flat(dst), _host_flat(src)     # the 16 bytes as they are
+        i, j = dst_flat * d.itemsize, src_flat * s.itemsize
+        d.view(np.uint8)[i:i + 16] = s.view(np.uint8)[j:j + 16]
 
     def commit_group():
         pass

@@ -19,17 +19,20 @@ SATURATING_WARP_DIMS = 1024  # warps x head size per SM that saturate HBM (H200 
 MAX_SHARED_BYTES = 232448    # static + dynamic shared memory of one block (sm_90, opt-in)
 
 
-def supports(head_size, heads_per_block, dtype, layout):
+def supports(head_size, heads_per_block, dtype, layout, query_dtype=None):
     """Whether :func:`decode_tc_kernel` handles this combination (more than
     ``MAX_HPB`` heads a block only with ``pv_mma``; an fp8 cache only with
-    ``pv_mma`` and ``key_rows``).
+    ``pv_mma`` and ``key_rows``, and ``query_dtype`` float16 or bfloat16, None
+    meaning float16, the plans' default).
 
     >>> supports(128, 4, "float8_e4m3fn", "nhd"), supports(128, 4, "float8_e5m2", "vllm")
     (True, False)
+    >>> supports(128, 4, "float8_e4m3fn", "nhd", "float32")
+    False
     """
     if dtype in FP8_DTYPES:
         return (head_size in FP8_HEAD_SIZES and heads_per_block <= MAX_PV_MMA_HPB
-                and layout in FP8_LAYOUTS)
+                and layout in FP8_LAYOUTS and (query_dtype or "float16") in DTYPES)
     return (head_size in HEAD_SIZES and heads_per_block <= MAX_PV_MMA_HPB and dtype in DTYPES
             and layout in LAYOUTS)
 

@@ -111,12 +111,6 @@ def record_nothing(block_tables, errors, seq, bad):
 
 @device_function
 def clamped_unchecked(n, errors, seq, cap):
-    """``n`` as it is: :func:`clamped_length` without the guard."""
-    return n
-
-
-@device_function
-def length_unchecked(seq_lens, errors, seq, cap):
-    """``seq_lens[seq]`` as it is: :func:`length_of` without the guard (see
+    """``n`` as it is: :func:`clamped_length` without the guard (see
     :func:`checked_unchecked`)."""
-    return seq_lens[seq]
+    return n

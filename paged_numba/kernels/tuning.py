@@ -109,6 +109,22 @@ def fitting_warps(head_size, stages=STAGES, num_warps=NUM_WARPS, dynamic=False):
     return num_warps
 
 
+def tensor_cores_apply(head_size, hpb, dtype, layout, query_dtype=None, pv_mma=None,
+                       key_rows=None):
+    """Whether :func:`decode_launch` can take the tensor-core kernel: where
+    ``decode_tc.supports`` says so, for an fp8 cache unless ``pv_mma`` or
+    ``key_rows`` is False.
+
+    >>> tensor_cores_apply(128, 4, "float8_e4m3fn", "nhd", "bfloat16")
+    True
+    >>> tensor_cores_apply(128, 4, "float8_e4m3fn", "nhd", pv_mma=False)
+    False
+    """
+    fp8 = dtype in decode_tc.FP8_DTYPES
+    return decode_tc.supports(head_size, hpb, dtype, layout, query_dtype) and (
+        not fp8 or (pv_mma is not False and key_rows is not False))
+
+
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                   tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None, pv_mma=None,
                   key_rows=None, query_dtype=None):
@@ -132,9 +148,7 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     fp8 = dtype in decode_tc.FP8_DTYPES
-    usable = decode_tc.supports(head_size, hpb, dtype, layout) and (
-        not fp8 or (query_dtype in decode_tc.DTYPES and pv_mma is not False
-                    and key_rows is not False))
+    usable = tensor_cores_apply(head_size, hpb, dtype, layout, query_dtype, pv_mma, key_rows)
     if tensor_cores and fp8 and not usable:
         raise ValueError(f"tensor_cores=True with an fp8 cache needs float16 or bfloat16 "
                          f"queries, head_size in {decode_tc.FP8_HEAD_SIZES}, a layout in "

@@ -229,8 +229,7 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     fp8 = is_fp8(problem.dtype)           # the scales folded in: one rounding more
     # an fp8 cache: the tensor-core kernel for fp16 and bf16 queries, in their type
     mma_dtype = str(problem.query_dtype) if fp8 else problem.dtype
-    tc = (decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout)
-          and mma_dtype in decode_tc.DTYPES)
+    tc = decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout, mma_dtype)
     # MQA and groups of 32 or more run on the tensor-core prefill tile: its bound
     tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout)
     dot_u = TENSOR_CORE_U if tc else U32
