@@ -16,7 +16,11 @@ size 16, random block tables unless the name says otherwise):
   cached tokens, plus 64 decode tokens with 1024-4096 tokens of context;
 * ``causal-8x2048-bf16``, ``chunked-mix-bf16``: the same in bfloat16;
 * ``causal-8x2048-hs64``, ``causal-8x2048-hs256``: head size 64 and 256;
-* ``causal-8x2048-bs1``, ``causal-8x2048-bs64``: block (page) size 1 and 64.
+* ``causal-8x2048-bs1``, ``causal-8x2048-bs64``: block (page) size 1 and 64;
+* ``causal-8x2048-e4m3``, ``chunked-mix-e4m3``: an E4M3 cache (``kv_dtype``;
+  the pools hold fp16 normals rounded to E4M3, scales 1) with fp16 queries:
+  FlashInfer reads the same fp8 pages (``kv_data_type`` float8), SDPA the
+  codes' values in fp16.
 
 Implementations (``--impls``; each row of the CSV is one implementation on one case):
 
@@ -65,14 +69,16 @@ import numpy as np
 from bench_common import (csr_pages, flashinfer_workspace, flushed_time, import_flashinfer,
                           new_run_id, print_table, ratio, write_rows)
 
-FIELDS = ["run_id", "gpu", "impl", "impl_detail", "case", "dtype", "head_size", "block_size",
+FIELDS = ["run_id", "gpu", "impl", "impl_detail", "case", "dtype", "kv_dtype", "head_size",
+          "block_size",
           "num_heads", "num_kv_heads", "batch", "q_tokens", "kv_tokens", "pairs", "us", "tflops",
           "ratio_to_sdpa", "ratio_to_fa2", "ratio_to_fa3", "check_max_err", "tiling", "regs",
           "command"]
 IMPLS = ["paged_numba", "torch_sdpa", "flashinfer_fa2", "flashinfer_fa3"]
 PEERS = {"ratio_to_sdpa": "torch_sdpa", "ratio_to_fa2": "flashinfer_fa2",
          "ratio_to_fa3": "flashinfer_fa3"}
-MODEL = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="float16")
+MODEL = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="float16",
+             kv_dtype="")     # kv_dtype: the cache's, when not dtype (fp8)
 TOLERANCE = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}   # max |out - SDPA|
 
 
@@ -116,7 +122,9 @@ def cases(name):
                 "causal-8x2048-hs64": case(*c8, head_size=64),
                 "causal-8x2048-hs256": case(*c8, head_size=256),
                 "causal-8x2048-bs1": case(*c8, block_size=1),
-                "causal-8x2048-bs64": case(*c8, block_size=64)}
+                "causal-8x2048-bs64": case(*c8, block_size=64),
+                "causal-8x2048-e4m3": case(*c8, kv_dtype="float8_e4m3fn"),
+                "chunked-mix-e4m3": case(*mix, kv_dtype="float8_e4m3fn")}
     if name == "quick":
         small = ([128, 1, 1], [640, 300, 1000])
         return {"causal-2x512": case([512] * 2, [512] * 2), "chunked-mix-small": case(*small),
@@ -153,12 +161,14 @@ def selftest():
     assert fl["causal-1x16384"] == 4 * 128 * 32 * 16384 * 16385 // 2      # 2.2 TFLOP
     assert fl["causal-2x8192"] == 4 * 128 * 32 * 2 * 8192 * 8193 // 2
     assert fl["causal-8x2048-hs64"] * 2 == base == fl["causal-8x2048-hs256"] // 2
-    for c in ("bf16", "bs1", "bs64"):
+    for c in ("bf16", "bs1", "bs64", "e4m3"):
         assert fl[f"causal-8x2048-{c}"] == base
-    assert fl["chunked-mix-bf16"] == fl["chunked-mix"]
+    assert fl["chunked-mix-bf16"] == fl["chunked-mix"] == fl["chunked-mix-e4m3"]
     expect = {"causal-8x2048-bf16": ("dtype", "bfloat16"), "causal-8x2048-hs64": ("head_size", 64),
               "causal-8x2048-hs256": ("head_size", 256), "causal-8x2048-bs1": ("block_size", 1),
-              "causal-8x2048-bs64": ("block_size", 64), "chunked-mix-bf16": ("dtype", "bfloat16")}
+              "causal-8x2048-bs64": ("block_size", 64), "chunked-mix-bf16": ("dtype", "bfloat16"),
+              "causal-8x2048-e4m3": ("kv_dtype", "float8_e4m3fn"),
+              "chunked-mix-e4m3": ("kv_dtype", "float8_e4m3fn")}
     for c, s in grid.items():
         q, kv = s["q_lens"], s["kv_lens"]
         assert len(q) == len(kv) and all(1 <= a <= b for a, b in zip(q, kv)), c
@@ -216,7 +226,7 @@ class Problem:
     """A paged cache holding the batch's K/V, the queries, and the same tokens contiguous."""
 
     def __init__(self, q_lens, kv_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
-                 seed=0):
+                 kv_dtype="", seed=0):
         import torch
         from numba import cuda
 
@@ -229,11 +239,25 @@ class Problem:
         gen = torch.Generator(device="cuda").manual_seed(seed)
         used = [-(-kv // block_size) for kv in kv_lens]
         num_blocks = sum(used)
-        self.cache = pn.PagedKVCache(num_blocks, block_size, num_kv_heads, head_size, dtype, "nhd")
-        self.k_pool = as_torch(self.cache.key_cache, tdtype)      # FlashInfer's NHD pages
-        self.v_pool = as_torch(self.cache.value_cache, tdtype)
-        self.k_pool.normal_(generator=gen)
-        self.v_pool.normal_(generator=gen)
+        self.kv_dtype = kv_dtype
+        self.cache = pn.PagedKVCache(num_blocks, block_size, num_kv_heads, head_size,
+                                     kv_dtype or dtype, "nhd")
+        if kv_dtype:        # fp8 codes (uint8): fp16 normals rounded to the format, scales 1
+            fmt = getattr(torch, kv_dtype)
+            self.k_pool = torch.as_tensor(self.cache.key_cache, device="cuda").view(fmt)
+            self.v_pool = torch.as_tensor(self.cache.value_cache, device="cuda").view(fmt)
+            for pool in (self.k_pool, self.v_pool):
+                for chunk in pool.view(pool.shape[0], -1).split(4096):
+                    chunk.copy_(torch.randn(chunk.shape, dtype=torch.float16, device="cuda",
+                                            generator=gen).to(fmt))
+            # SDPA's K and V: the codes' values (exact in fp16)
+            self.k_ref, self.v_ref = self.k_pool.to(tdtype), self.v_pool.to(tdtype)
+        else:
+            self.k_pool = as_torch(self.cache.key_cache, tdtype)      # FlashInfer's NHD pages
+            self.v_pool = as_torch(self.cache.value_cache, tdtype)
+            self.k_pool.normal_(generator=gen)
+            self.v_pool.normal_(generator=gen)
+            self.k_ref, self.v_ref = self.k_pool, self.v_pool
         perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
         table = torch.full((len(kv_lens), max(used)), -1, dtype=torch.int32, device="cuda")
         pos = 0
@@ -253,8 +277,8 @@ class Problem:
         a, b, kv = int(self.cu[i]), int(self.cu[i + 1]), self.kv_lens[i]
         used = -(-kv // self.block_size)
         blocks = self.table_t[i, :used].long()
-        k = self.k_pool[blocks].reshape(-1, self.num_kv_heads, self.head_size)[:kv]
-        v = self.v_pool[blocks].reshape(-1, self.num_kv_heads, self.head_size)[:kv]
+        k = self.k_ref[blocks].reshape(-1, self.num_kv_heads, self.head_size)[:kv]
+        v = self.v_ref[blocks].reshape(-1, self.num_kv_heads, self.head_size)[:kv]
         q = self.query_t[a:b]
         return (q.transpose(0, 1).unsqueeze(0).contiguous(),
                 k.transpose(0, 1).unsqueeze(0).contiguous(),
@@ -275,8 +299,9 @@ def numba_caller(prob, tiling=None):
 
     import paged_numba as pn
 
+    fp8 = dict(query_dtype=prob.dtype) if prob.kv_dtype else {}
     plan = pn.PrefillPlan(prob.cache, prob.cu, np.asarray(prob.kv_lens, np.int32),
-                          prob.num_heads, causal=True, **(tiling or {}))
+                          prob.num_heads, causal=True, **fp8, **(tiling or {}))
     stream = torch.cuda.current_stream()
     plan.run(prob.query, prob.table, stream=stream, validate=True)
 
@@ -379,7 +404,7 @@ def flashinfer_caller(fi, prob, backend):
                                                      backend=backend)
     wrapper.plan(qo_indptr, indptr, indices, last_page_len, prob.num_heads, prob.num_kv_heads,
                  prob.head_size, prob.block_size, causal=True, pos_encoding_mode="NONE",
-                 q_data_type=prob.tdtype, kv_data_type=prob.tdtype)
+                 q_data_type=prob.tdtype, kv_data_type=prob.k_pool.dtype)
     out = torch.empty_like(prob.query_t)
     kv = (prob.k_pool, prob.v_pool)
 

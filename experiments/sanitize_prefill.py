@@ -11,6 +11,7 @@ float64 reference with the tensor-core error bound. Prints one line a case.
 import numpy as np
 
 import paged_numba as pn
+from paged_numba import fp8 as F
 from paged_numba.testing import PrefillProblem, check_attention, prefill_reference
 
 CASES = [  # (head_size, block_size, layout, dtype, group, causal, sliding_window)
@@ -19,7 +20,11 @@ CASES = [  # (head_size, block_size, layout, dtype, group, causal, sliding_windo
     (64, 1, "hnd", "float16", 8, True, 37),
     (256, 16, "interleaved", "bfloat16", 1, False, None),
     (128, 64, "nhd", "float16", 2, True, None),
+    # fp8 caches (fp16 / bf16 queries): the producer kernel's staging ring on sm_90
+    (128, 16, "nhd", "float8_e4m3fn", 4, True, None),
+    (64, 16, "interleaved", "float8_e5m2", 8, False, 37),
 ]
+QUERY = {"float8_e4m3fn": "float16", "float8_e5m2": "bfloat16"}
 
 
 def main():
@@ -37,15 +42,21 @@ def main():
         p = PrefillProblem(num_seqs=3, num_heads=2 * group, num_kv_heads=2, head_size=hs,
                            block_size=bs, num_blocks=sum(used), layout=layout, dtype=dtype,
                            q_lens=np.asarray(q_lens, np.int32),
-                           seq_lens=np.asarray(seq_lens, np.int32), block_tables=table, seed=1)
+                           seq_lens=np.asarray(seq_lens, np.int32), block_tables=table, seed=1,
+                           query_dtype=QUERY.get(dtype), per_head_scales=dtype in QUERY)
         q, k, v = p.arrays()
         kc, vc = p.layout_pools(k, v)
-        cache = pn.PagedKVCache.from_host(kc, vc, layout)
+        scales = {}
+        if dtype in QUERY:          # fp8: the reference takes the codes' values
+            ks, vs = p.scales()
+            scales = dict(k_scale=ks, v_scale=vs)
+            k, v = F.dequantize(k, ks), F.dequantize(v, vs)
+        cache = pn.PagedKVCache.from_host(kc, vc, layout, **scales)
         out, lse = pn.paged_prefill(q, cache, table, p.cu_seqlens_q, p.seq_lens, causal=causal,
                                     sliding_window=window, return_lse=True, tensor_cores=True)
         check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=causal,
                                                         sliding_window=window,
-                                                        tensor_cores=dtype))
+                                                        tensor_cores=QUERY.get(dtype, dtype)))
         print(f"ok hs={hs} bs={bs} {layout} {dtype} group={group} causal={causal} "
               f"window={window}", flush=True)
 

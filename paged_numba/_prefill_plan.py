@@ -3,8 +3,9 @@ tile list, and the tensor-core kernel's ``kernel_options``
 (:mod:`paged_numba.prefill` plans and launches with them)."""
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _simulator
 from . import _checks as C
+from .fp8 import is_fp8
 from .kernels import prefill_tc
 
 def _host_int(name, x):
@@ -21,25 +22,41 @@ def _compute_capability():
     return tuple(cuda.get_current_device().compute_capability)
 
 
-def uses_tensor_cores(cache, tensor_cores=None):
+def uses_tensor_cores(cache, tensor_cores=None, query_dtype=None):
     """Whether prefill over ``cache`` runs on tensor cores
     (:mod:`paged_numba.kernels.prefill_tc`): by default where that kernel
-    applies (fp16/bf16 caches, head sizes 16, 32, 64, 128, 256); ``True``
-    insists (``ValueError`` where it does not apply), ``False`` declines.
+    applies (fp16/bf16 caches, head sizes 16, 32, 64, 128, 256; an fp8 cache
+    with ``query_dtype`` float16 or bfloat16 queries (default float16) at head
+    size 64 or 128 in the producer kernel, on an sm_90 GPU; under the
+    simulator only when asked, where that kernel is slow); ``True`` insists
+    (``ValueError`` where it does not apply), ``False`` declines.
 
     >>> from paged_numba import PagedKVCache
     >>> uses_tensor_cores(PagedKVCache(2, 4, 1, 64)), uses_tensor_cores(PagedKVCache(2, 4, 1, 72))
     (True, False)
     """
-    usable = prefill_tc.supports(cache.head_size, cache.dtype.name, cache.layout)
-    if tensor_cores is None:
-        return usable
+    if is_fp8(cache.dtype):
+        q = "float16" if query_dtype is None else np.dtype(query_dtype).name
+        usable = prefill_tc.supports_fp8(cache.head_size, cache.layout, q)
+        sim = _simulator.simulator_enabled()
+        if usable and not sim and _compute_capability() != (9, 0):
+            usable = False
+        need = (f"tensor_cores=True needs, for an fp8 cache, float16/bfloat16 queries, head "
+                f"size 64 or 128, a layout other than 'vllm' and an sm_90 GPU, but got {q} "
+                f"queries, head_size={cache.head_size}, layout={cache.layout!r}")
+        if tensor_cores is None:
+            return usable and not sim
+    else:
+        usable = prefill_tc.supports(cache.head_size, cache.dtype.name, cache.layout)
+        need = (f"tensor_cores=True needs a float16/bfloat16 cache and a head size in "
+                f"(16, 32, 64, 128, 256), but got {cache.dtype.name}, head_size="
+                f"{cache.head_size}")
+        if tensor_cores is None:
+            return usable
     if not isinstance(tensor_cores, (bool, np.bool_)):
         raise ValueError(f"tensor_cores must be None, True or False, but got {tensor_cores!r}.")
     if tensor_cores and not usable:
-        raise ValueError(f"tensor_cores=True needs a float16/bfloat16 cache and a head size in "
-                         f"(16, 32, 64, 128, 256), but got {cache.dtype.name}, head_size="
-                         f"{cache.head_size}.")
+        raise ValueError(need + ".")
     return bool(tensor_cores)
 
 

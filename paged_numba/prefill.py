@@ -9,6 +9,8 @@ from .attention import _int32_device, _padded, _variants
 from .cache import kernel_scales
 from .interop import LikeInput, Results, overlaps, plan_buffer
 from .kernels import prefill_tc
+from .fp8 import is_fp8
+from .kernels.prefill_fp8 import staging_bytes
 from .kernels.prefill_wgmma import wgmma_shared_bytes
 from .kernels.prefill_wgmma_ws import STAGES as WS_STAGES, ws_shared_bytes
 from .kernels.merge import merge_kernel
@@ -90,9 +92,13 @@ class PrefillPlan:
         few tiles and long contexts (decode-like batches, MQA, large GQA
         groups), where one block a tile leaves most SMs idle.
     query_dtype : {"float16", "bfloat16", "float32"}, optional
-        For an fp8 cache (which runs on the CUDA-core kernel, reading the
-        8-bit codes with the cache's scales): the queries' and the output's
-        dtype (default float16). Other caches take their own dtype only.
+        For an fp8 cache: the queries' and the output's dtype (default
+        float16). With float16 or bfloat16 queries at head size 64 or 128
+        (not the ``"vllm"`` layout) on an sm_90 GPU, the tensor-core producer
+        kernel runs, widening the 8-bit codes into its tiles
+        (:mod:`paged_numba.kernels.prefill_fp8`); elsewhere the CUDA-core
+        kernel reads them. Either applies the cache's scales. Other caches
+        take their own dtype only.
 
     Examples
     --------
@@ -134,7 +140,8 @@ class PrefillPlan:
         window = int(self._variants[2]) or None
         group = num_heads // cache.num_kv_heads
         max_q = int(self.q_lens.max(initial=1))
-        self.tensor_cores = uses_tensor_cores(cache, tensor_cores)
+        self.tensor_cores = uses_tensor_cores(cache, tensor_cores, self.query_dtype)
+        fp8 = is_fp8(cache.dtype)
         if options and not self.tensor_cores:
             raise ValueError(f"kernel_options apply to the tensor-core kernel, but this plan runs "
                              f"on CUDA cores; got {options!r}.")
@@ -148,12 +155,16 @@ class PrefillPlan:
             # where the caller chose no tiling, option or split
             auto = (not options and self.num_parts == 1 and
                     (heads_per_block, block_q, block_n, num_warps) == (None,) * 4)
+            if fp8:     # the producer kernel widens the codes; its prompt tiling
+                options = {"wgmma": True, "producer": True, **options}
+                max_q = None
             options = {**self._tc_tiling(group, max_q, heads_per_block, block_q, block_n,
                                          num_warps, options.get("m_tiles"),
                                          options.get("wgmma", False),
                                          options.get("producer", False),
                                          options.get("stages"), auto,
-                                         options.get("prefetch_queries", False)), **options}
+                                         options.get("prefetch_queries", False), fp8),
+                       **options}
         else:
             self._cuda_core_tiling(group, max_q, heads_per_block, block_q, block_n, num_warps)
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
@@ -177,9 +188,11 @@ class PrefillPlan:
         #: the tensor-core kernel factory's keyword arguments ({} on CUDA cores)
         self.kernel_options = dict(options) if self.tensor_cores else {}
         if self.tensor_cores:
+            fp8_args = dict(kv_dtype=cache.dtype.name) if fp8 else {}
             self._kernel = prefill_tc.prefill_tc_kernel(
-                d, cache.block_size, self.heads_per_block, self.block_n, cache.dtype.name,
-                cache.layout, self.num_warps, **options)
+                d, cache.block_size, self.heads_per_block, self.block_n,
+                np.dtype(self.query_dtype).name, cache.layout, self.num_warps, **options,
+                **fp8_args)
         else:
             self._kernel = prefill_kernel(d, cache.block_size, self.heads_per_block, self.block_q,
                                           self.block_n, cache.dtype.name, cache.layout,
@@ -213,10 +226,11 @@ class PrefillPlan:
                              f"more than {SHARED_LIMIT}.")
 
     def _tc_tiling(self, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
-                   wgmma=False, producer=False, stages=None, auto=False, prefetch=False):
+                   wgmma=False, producer=False, stages=None, auto=False, prefetch=False,
+                   fp8=False):
         """Set the tiling; returns the default kernel options (``m_tiles`` the
         caller's, if given). ``auto``: the sm_90 default may be the warpgroup
-        kernel."""
+        kernel; ``fp8``: the producer kernel's staging ring too."""
         if producer and not wgmma:
             raise ValueError("kernel_options['producer'] needs kernel_options['wgmma'] = True.")
         sim = _simulator.simulator_enabled()
@@ -277,6 +291,8 @@ class PrefillPlan:
                                  f"this one has compute capability {cc}.")
         if producer:
             need = ws_shared_bytes(self.cache.head_size, nw, bn, stages or WS_STAGES, prefetch)
+            if fp8:
+                need += staging_bytes(self.cache.head_size, bn)
         elif wgmma:
             need = wgmma_shared_bytes(self.cache.head_size, nw, bn)
         else:
@@ -373,7 +389,8 @@ class PrefillPlan:
         if self._parts is None:
             self._launch = launch
         else:
-            merge = _launch.PackedLaunch(merge_kernel(c.dtype.name), (self.num_heads, self.total_q),
+            merge = _launch.PackedLaunch(merge_kernel(np.dtype(self.query_dtype).name),
+                                         (self.num_heads, self.total_q),
                                          128, (out, lse, *self._parts))
 
             def both(stream):

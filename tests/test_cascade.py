@@ -15,7 +15,7 @@ LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")
 if SIM:
     SHAPES = dict(head_sizes=(8, 16, 32), block_sizes=(1, 4, 8), max_shared=24, max_suffix=12,
                   max_seqs=3)
-    EXAMPLES = 6
+    EXAMPLES = 3
 else:
     SHAPES = dict(head_sizes=(64, 128, 256), block_sizes=(1, 16, 32), max_shared=3000,
                   max_suffix=600, max_seqs=24)

@@ -84,7 +84,7 @@ def test_decode_seed_examples(p, num_partitions):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=config_id)
-@settings(max_examples=8) if SIM else (lambda f: f)   # the GPU profile draws the many
+@settings(max_examples=4) if SIM else (lambda f: f)   # the GPU profile draws the many
 @given(data=st.data())
 def test_decode_matches_reference(config, data):
     p = data.draw(decode_problems(**SHAPES, **config), label="problem")
@@ -114,7 +114,7 @@ PV_CONFIGS = ([dict(head_sizes=(32,), dtypes=("float16", "bfloat16"), groups=(1,
 
 @pytest.mark.parametrize("flags", list(TC_VARIANTS))
 @pytest.mark.parametrize("config", PV_CONFIGS, ids=config_id)
-@settings(max_examples=4 if SIM else settings().max_examples)
+@settings(max_examples=2 if SIM else settings().max_examples)
 @given(data=st.data())
 def test_decode_tensor_core_variants_match_reference(config, flags, data):
     """Every variant: P @ V on tensor cores (weights as hi + lo halves), held
@@ -202,7 +202,7 @@ def test_default_warps_fit_static_shared_memory_and_more_are_kept():
 
 
 @pytest.mark.parametrize("config", PLACEMENT_CONFIGS, ids=config_id)
-@settings(max_examples=4 if SIM else settings().max_examples)   # two launches per example
+@settings(max_examples=2 if SIM else settings().max_examples)   # two launches per example
 @given(data=st.data())
 def test_decode_independent_of_block_placement(config, data):
     """Moving the physical blocks (and the table with them) changes nothing, bit for bit."""
@@ -306,7 +306,7 @@ def test_merge_states_equals_single_pass(case):
     check_merge(case)
 
 
-@settings(max_examples=6 if SIM else settings().max_examples)
+@settings(max_examples=3 if SIM else settings().max_examples)
 @given(split_states(min_states=33, max_states=75))
 def test_merge_states_of_many_parts(case):
     # more states than one warp's lanes, and runs of UNROLL loads plus remainders
@@ -436,7 +436,7 @@ LAYOUT_CONFIGS = ([dict(head_sizes=(16, 32), max_seq_len=40, max_seqs=2, groups=
 
 
 @pytest.mark.parametrize("config", LAYOUT_CONFIGS, ids=config_id)
-@settings(max_examples=4) if SIM else (lambda f: f)   # five launches per example
+@settings(max_examples=2) if SIM else (lambda f: f)   # five launches per example
 @given(data=st.data())
 def test_layouts_and_page_table_forms_agree(config, data):
     """The same tokens in every layout, and the table in padded or CSR form,

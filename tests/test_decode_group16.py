@@ -36,7 +36,7 @@ def _plans(p, num_partitions, key_rows, **extra):
 
 @pytest.mark.parametrize("key_rows", [False, True], ids=["keys", "key-rows"])
 @pytest.mark.parametrize("config", CONFIGS, ids=config_id)
-@settings(max_examples=3 if SIM else 10, deadline=None)
+@settings(max_examples=2 if SIM else 10, deadline=None)
 @given(data=st.data())
 def test_sixteen_heads_a_block_match_reference_and_eight(config, key_rows, data):
     p = data.draw(decode_problems(groups=(16,), max_kv_heads=2, **config), label="problem")

@@ -89,7 +89,7 @@ SHAPES = (dict(head_sizes=(64,), block_sizes=(1, 8, 16), max_seqs=2, max_seq_len
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@settings(max_examples=4 if SIM else 60, deadline=None)
+@settings(max_examples=2 if SIM else 60, deadline=None)
 @given(data=st.data())
 def test_fp8_tensor_core_decode_matches_reference(fmt, data):
     p = data.draw(decode_problems(layouts=decode_tc.FP8_LAYOUTS, dtypes=(fmt,), groups=(1, 2, 4),

@@ -204,7 +204,7 @@ def test_product_bf16(trans_b):
     _run("bfloat16", 16 if config.ENABLE_CUDASIM else 128, trans_b, True, 1, 2)
 
 
-@settings(max_examples=4 if config.ENABLE_CUDASIM else 40, deadline=None)
+@settings(max_examples=2 if config.ENABLE_CUDASIM else 40, deadline=None)
 @given(n=st.sampled_from([8, 16, 24] if config.ENABLE_CUDASIM else [8, 16, 32, 64, 128, 256]),
        trans_b=st.booleans(), a_regs=st.booleans(), steps=st.integers(1, 2),
        seed=st.integers(0, 2 ** 16))

@@ -55,7 +55,8 @@ from .decode import LOG2E
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
-    DTYPES, LAYOUTS, MAX_SHARED_BYTES, STAGES, prefill_tc_config, shared_bytes, supports)
+    DTYPES, LAYOUTS, MAX_SHARED_BYTES, STAGES, prefill_tc_config, shared_bytes, supports,
+    supports_fp8)
 
 
 @functools.cache
@@ -64,7 +65,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       fma_softmax=False, token_copies=False, m_tiles=1, split_k=False,
                       wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False,
                       persistent=False, guard=True, lazy_rescale=False, timeline=False,
-                      prefetch_queries=False, prefetch_ranges=False):
+                      prefetch_queries=False, prefetch_ranges=False, kv_dtype=None):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -120,10 +121,16 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``timeline=True`` (with ``persistent``) stamps each item's phases in the
-    error array, for experiments (:mod:`kernels.timeline`)."""
+    error array, for experiments (:mod:`kernels.timeline`). ``kv_dtype`` (with
+    ``producer``) takes an fp8 cache of that format, ``dtype`` being the
+    queries' (:mod:`kernels.prefill_fp8`; the kernel then takes the cache's
+    ``kv_scales`` last)."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
+    if kv_dtype is not None and not (wgmma and producer):
+        raise ValueError(f"an fp8 cache (kv_dtype={kv_dtype!r}) runs on the producer kernel "
+                         f"only: wgmma=True, producer=True")
     if wgmma:
         from .prefill_wgmma import prefill_wgmma_kernel
         if q_in_regs or fma_softmax or token_copies or m_tiles != 1:
@@ -143,7 +150,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            pingpong=pingpong, persistent=persistent,
                                            guard=guard, lazy_rescale=lazy_rescale,
                                            timeline=timeline, prefetch_queries=prefetch_queries,
-                                           prefetch_ranges=prefetch_ranges)
+                                           prefetch_ranges=prefetch_ranges, kv_dtype=kv_dtype)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges):
             raise ValueError(f"stages, pingpong, persistent, timeline and prefetch_queries apply "

@@ -15,6 +15,19 @@ def supports(head_size, dtype, layout):
             and head_size & (head_size - 1) == 0)
 
 
+def supports_fp8(head_size, layout, query_dtype):
+    """Whether the producer kernel takes an fp8 cache here (sm_90:
+    :mod:`paged_numba.kernels.prefill_fp8`): fp16 or bf16 queries, head size
+    64 or 128 (those of its default tiling), values in whole rows (not
+    ``"vllm"``).
+
+    >>> supports_fp8(128, "nhd", "bfloat16"), supports_fp8(128, "vllm", "float16")
+    (True, False)
+    """
+    return query_dtype in DTYPES and layout in LAYOUTS and layout != "vllm" and \
+        head_size in (64, 128)
+
+
 def shared_bytes(head_size, num_warps, block_n, m_tiles=1):
     """Dynamic shared memory of one block: the queries (``16 * m_tiles`` rows a
     warp) and the K/V ring, 2 bytes an element.

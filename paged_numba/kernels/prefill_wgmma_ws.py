@@ -31,6 +31,8 @@ the keys and values:
   next, so that the producer copies an item's first tiles and one warpgroup
   starts on it while the other finishes the last item and stores it; each
   warpgroup loads its own query rows;
+* an fp8 cache's codes go through a staging ring, which the producer widens
+  into the tiles (:mod:`kernels.prefill_fp8`);
 * each consumer warp loads and owns 16 query rows in shared memory, and
   writes its output through them once its products are done (16-byte stores
   of whole rows, ``store_staged`` of :func:`kernels.prefill_tc_parts.tile_parts`),
@@ -44,6 +46,8 @@ from . import wgmma as wg
 from .access import device_function
 from .async_copy import commit_group, wait_group
 from .decode import LOG2E
+from .prefill_fp8 import fp8_parts
+from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, supports
 from .prefill_wgmma import key_loop, product_parts
@@ -77,7 +81,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
-                            prefetch_ranges=False):
+                            prefetch_ranges=False, kv_dtype=None):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -116,10 +120,21 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     :func:`kernels.timeline.timeline_words` words; the producer at the item's
     start, after its range, after its first tile's copies are issued and after
     its last; a consumer warpgroup at the item's start, when its queries have
-    landed, after its products and after its stores (:mod:`kernels.timeline`)."""
+    landed, after its products and after its stores (:mod:`kernels.timeline`).
+
+    ``kv_dtype`` ("float8_e4m3fn" or "float8_e5m2"; ``dtype`` is then the
+    queries', fp16 or bf16): an fp8 cache, whose codes the producer copies
+    into a staging ring and widens into the tiles (:mod:`kernels.prefill_fp8`);
+    the kernel then takes ``kv_scales [2, num_kv_heads]`` float32 last (K's
+    scale multiplies the logits' scale, V's the output). Not with
+    ``prefetch_queries``."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
+    FP8 = kv_dtype is not None
+    if FP8 and prefetch_queries:
+        raise ValueError("an fp8 cache's staging ring takes the place of prefetch_queries' "
+                         "second query buffer: not both")
     if num_warps not in (4, 8) or not 16 <= block_n <= 256 or block_n % 16:
         raise ValueError(f"the producer kernel needs num_warps 4 or 8 (consumer warpgroups) and "
                          f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
@@ -179,10 +194,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     RANGES = bool(prefetch_ranges)
     Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
     DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH else 0)
+    fp8_issue = fp8_widen = fp8_strides = None
+    if FP8:                               # the staging ring of codes, after the ring
+        F = fp8_parts(P, kv_dtype, PRODUCER_THREADS)
+        fp8_issue, fp8_widen, fp8_strides = F.issue, F.widen, F.strides
+        DYNAMIC_BYTES += F.STAGING_BYTES
     assert not swizzle or (2 * Q2_DELTA) % 1024 == 0, "second query buffer off a swizzle atom"
     if DYNAMIC_BYTES > MAX_SHARED_BYTES:
-        raise ValueError(f"prefetch_queries needs {DYNAMIC_BYTES} bytes of shared memory, more "
-                         f"than {MAX_SHARED_BYTES}: fewer stages or a smaller block_n")
+        raise ValueError(f"{'fp8 staging' if FP8 else 'prefetch_queries'} needs {DYNAMIC_BYTES} "
+                         f"bytes of shared memory, more than {MAX_SHARED_BYTES}: fewer stages "
+                         f"or a smaller block_n")
     # named barrier ids (0 is __syncthreads): full (with pingpong one set a
     # consumer warpgroup), empty, then the two turns
     FULL_SETS = 2 if PINGPONG else 1
@@ -255,32 +276,37 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                    tables):
         """:func:`tile_range` of round ``rnd``'s ``tile``, from the values
         :func:`next_entries` and :func:`next_bounds` read into ``nx`` during
-        the last round (with ``prefetch_ranges``; else read now)."""
+        the last round (with ``prefetch_ranges``; else read now). Each lane
+        read one of them (an address that differs by lane: a warp-uniform one
+        would be moved to a uniform register as soon as it lands, which waits
+        for it there); the warp's lanes share them by shuffles."""
         if RANGES and rnd > 0:
-            return range_of(nx[0], nx[1], nx[2], nx[3], nx[4], causal, window, tables)
+            return range_of(cuda.shfl_sync(FULL_MASK, nx[0], 0),
+                            cuda.shfl_sync(FULL_MASK, nx[0], 1),
+                            cuda.shfl_sync(FULL_MASK, nx[1], 0),
+                            cuda.shfl_sync(FULL_MASK, nx[1], 1),
+                            cuda.shfl_sync(FULL_MASK, nx[1], 2), causal, window, tables)
         return tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
                           tables)
 
     @device_function
-    def next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0):
-        """Start reading round ``rnd + 1``'s tile entries into ``nx`` (used
-        from :func:`next_bounds` on, long after: the loads do not stall)."""
+    def next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane):
+        """Start reading round ``rnd + 1``'s tile entries into ``nx[0]`` (lane 0
+        ``tile_seq``, the others ``tile_q0``; used from :func:`next_bounds`
+        on, long after: the loads do not stall). Past the last item the last
+        tile's, unused (no condition, so nothing selects on the loaded value)."""
         if RANGES:
-            ntile, _, nreal = work_item(rnd + 1, items, num_heads)
-            if nreal:
-                nx[0] = tile_seq[ntile]
-                nx[1] = tile_q0[ntile]
+            ntile = min(work_item(rnd + 1, items, num_heads)[0], tile_seq.shape[0] - 1)
+            nx[0] = tile_seq[ntile] if lane == 0 else tile_q0[ntile]
 
     @device_function
-    def next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens):
-        """Start reading the bounds of round ``rnd + 1``'s sequence into ``nx``."""
+    def next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane):
+        """Start reading the bounds of round ``rnd + 1``'s sequence into
+        ``nx[1]``: lanes 0 and 1 ``cu_seqlens_q[seq]``, ``[seq + 1]``, the others
+        ``seq_lens[seq]``."""
         if RANGES:
-            _, _, nreal = work_item(rnd + 1, items, num_heads)
-            if nreal:
-                nseq = nx[0]
-                nx[2] = cu_seqlens_q[nseq]
-                nx[3] = cu_seqlens_q[nseq + 1]
-                nx[4] = seq_lens[nseq]
+            nseq = cuda.shfl_sync(FULL_MASK, nx[0], 0)
+            nx[1] = cu_seqlens_q[nseq + lane] if lane < 2 else seq_lens[nseq]
 
     @device_function
     def mark(errors, rnd, role, k, tid):
@@ -293,10 +319,24 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     jit = cuda.jit if config.ENABLE_CUDASIM else functools.partial(
         cuda.jit, launch_bounds=(NTHREADS, 1))
 
-    @jit
-    def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
-                                      cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
-                                      alibi_slopes, soft_cap, window, errors):
+    @device_function
+    def land(words, g):
+        """(fp8) Tile ``g``'s codes copied by this thread landed: widen them
+        into its stage once the consumers are done with the stage's last
+        tile, then publish it."""
+        if g >= STAGES:
+            bar_sync(EMPTY + g % STAGES)
+        fp8_widen(words, g, g % STAGES, tid_of())
+        publish(g)
+
+    @cuda_function
+    def tid_of():
+        return int32(cuda.threadIdx.x)
+
+    @cuda_function
+    def body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+             tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
+             kv_scales):
         tid = int32(cuda.threadIdx.x)
         num_heads = query.shape[1]
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
@@ -310,18 +350,21 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 shrink()
             tid_slot = slot(0, row_of(tid), chunk_of(tid))
             done = int32(0)             # tiles of the ring so far
-            nx = cuda.local.array(5, int32)     # the next item's range, read ahead
+            nx = cuda.local.array(2, int32)     # the next item's range, read ahead
             for rnd in range(num_rounds):
                 tile, h0, real = work_item(rnd, items, num_heads)
                 if real:
                     mark(errors, rnd, 0, 0, tid)
                     kvh = h0 // group
-                    kstr = k_strides(key_cache, kvh, chunk_of(tid))
-                    vstr = v_strides(value_cache, kvh, chunk_of(tid))
+                    if FP8:
+                        kstr, vstr = fp8_strides(key_cache, value_cache, kvh, tid)
+                    else:
+                        kstr = k_strides(key_cache, kvh, chunk_of(tid))
+                        vstr = v_strides(value_cache, kvh, chunk_of(tid))
                     seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
                         rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
                         window, tables)
-                    next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0)
+                    next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
                     last = int32(kv_hi - 1)
                     mark(errors, rnd, 0, 1, tid)
                     for j in range(ntiles):
@@ -330,21 +373,32 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         # the table entries first: their latency passes in the wait
                         entries = tile_entries(tables, seq, kt, kv_lo, last, tid,
                                                key_cache.shape[0])
-                        if g >= STAGES:     # the consumers are done with tile g - STAGES
-                            bar_sync(EMPTY + g % STAGES)
-                        issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt, kv_lo,
-                                      last, g % STAGES, tid, kstr, vstr, tid_slot, entries)
-                        if g >= 1:
-                            wait_older()
-                            publish(g - 1)
+                        if FP8:     # codes into staging; the last tile's widened
+                            fp8_issue(sm, key_cache, value_cache, tables, seq, kt, kv_lo, last,
+                                      g, tid, kstr, vstr, entries)
+                            if g >= 1:
+                                wait_older()
+                                land(words, g - 1)
+                        else:
+                            if g >= STAGES:     # the consumers are done with tile g - STAGES
+                                bar_sync(EMPTY + g % STAGES)
+                            issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt,
+                                          kv_lo, last, g % STAGES, tid, kstr, vstr, tid_slot,
+                                          entries)
+                            if g >= 1:
+                                wait_older()
+                                publish(g - 1)
                         if j == 0:
                             mark(errors, rnd, 0, 2, tid)
-                    next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens)
+                    next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, tid & 31)
                     mark(errors, rnd, 0, 3, tid)
                     done += ntiles
             if done > 0:
                 wait_all()
-                publish(done - 1)
+                if FP8:
+                    land(words, done - 1)
+                else:
+                    publish(done - 1)
             if PERSISTENT:              # the releases of the last tiles
                 for g in range(max(done - STAGES, 0), done):
                     bar_sync(EMPTY + g % STAGES)
@@ -374,7 +428,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         done = int32(0)
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
         have = False            # its queries were started by the previous item
-        nx = cuda.local.array(5, int32)     # the next item's range, read ahead
+        nx = cuda.local.array(2, int32)     # the next item's range, read ahead
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
             if real:
@@ -382,7 +436,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
                     rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
                     tables)
-                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0)
+                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane)
                 qbase = int32(par * Q2_DELTA)
                 if ntiles > 0 and not have:
                     # its own rows: this warp's products and stores of the item
@@ -412,18 +466,24 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 mark(errors, rnd, 1 + cwg, 1, ct)
                 any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
                 alibi = cuda.any_sync(FULL_MASK, any_slope)
+                iq = qscale * kv_scales[0, h0 // group] if FP8 else qscale   # K's codes' scale
                 # without soft cap or ALiBi the scale goes into the exponent's FFMA
-                plain, sc = exponent_scale(True, qscale, soft_cap, alibi)
+                plain, sc = exponent_scale(True, iq, soft_cap, alibi)
                 for i in range(NTILE_O):
                     for e in range(4):
                         o[0, i, e] = 0.0
                 if PINGPONG and cwg == 1 and ntiles > 0 and (done == 0 or not PERSISTENT):
                     turn_arrive(TURN)           # warpgroup 0 issues first
                 run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
-                         kv_hi, ntiles, done, causal, window, qscale, soft_cap, cap2, alibi, sc,
+                         kv_hi, ntiles, done, causal, window, iq, soft_cap, cap2, alibi, sc,
                          plain, (cwg,))
-                next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens)
+                next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 mark(errors, rnd, 1 + cwg, 2, ct)
+                if FP8:                 # V's codes' scale
+                    vs = kv_scales[1, h0 // group]
+                    for i in range(NTILE_O):
+                        for e in range(4):
+                            o[0, i, e] *= vs
                 if SPLIT:
                     store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
                     store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
@@ -436,6 +496,24 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     par = int32(1 - par)
         if PERSISTENT and cwg == 0 and done > 0:
             turn_sync(TURN)             # warpgroup 1's last products passed a turn
+
+    if FP8:
+        @jit
+        def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                          cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale,
+                                          causal, alibi_slopes, soft_cap, window, errors,
+                                          kv_scales):
+            body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                 tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
+                 kv_scales)
+    else:
+        @jit
+        def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                          cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale,
+                                          causal, alibi_slopes, soft_cap, window, errors):
+            body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                 tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
+                 alibi_slopes)           # no scales: never read
 
     paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
     paged_prefill_wgmma_ws_kernel.block_threads = NTHREADS
