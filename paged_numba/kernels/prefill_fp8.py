@@ -23,14 +23,13 @@ below ``BN``).
 """
 from types import SimpleNamespace
 
-from numba import cuda, int32, uint32
+from numba import int32
 
 from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async
 from .fp8 import FORMATS
 from .fp8_mma import pairs
 
-FULL_MASK = 0xFFFFFFFF
 STAGING = 2                 # tiles of codes in flight
 
 
@@ -68,7 +67,7 @@ def fp8_parts(P, kv_dtype, copy_threads):
     k_strides, v_strides = row_strides(k8, 1), row_strides(v8, 1)
     widen_word = pairs(kv_dtype, P.dtype)
     slot, KV_OFF = P.slot, P.KV_OFF
-    checked_, record_, WARP_LOOKUP = P.checked_, P.record_, P.WARP_LOOKUP
+    token_block, record_ = P.token_block, P.record_
 
     @device_function
     def strides(key_cache, value_cache, kvh, tid):
@@ -89,12 +88,7 @@ def fp8_parts(P, kv_dtype, copy_threads):
             # (a thread past the tile's rows looks up its last one: every lane
             # takes part in the shuffle)
             t = int32(min(max(int32(kt + min(n, BN - 1)), lo), last))
-            b = int32(uint32(t) // uint32(BLOCK_SIZE))
-            if WARP_LOOKUP:
-                blk = cuda.shfl_sync(FULL_MASK, mine, int32(b - e0))
-            else:
-                blk, bad = checked_(tables[0], seq, b, key_cache.shape[0], bad)
-            off = int32(t - b * BLOCK_SIZE)
+            blk, off, bad = token_block(tables, seq, t, e0, mine, bad, key_cache.shape[0])
             d = base + n * (D // 2)
             if ALL or n < BN:
                 copy16_async(sm, d, key_cache,

@@ -221,6 +221,19 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                             int32(-1))
         return e0, blk, bad
 
+    @cuda_function
+    def token_block(tables, seq, t, e0, mine, bad, num_blocks):
+        """``(blk, off, bad)``: the block and in-block offset of key ``t``
+        (clamped already), from the warp's lookup lanes (:func:`tile_entries`'
+        ``e0``, ``mine``; every lane of the warp takes part) or, without one,
+        the table (checked: ``bad`` as for :func:`kernels.guard.checked_block`)."""
+        b = int32(uint32(t) // uint32(BLOCK_SIZE))
+        if WARP_LOOKUP:
+            blk = cuda.shfl_sync(FULL_MASK, mine, int32(b - e0))
+        else:
+            blk, bad = checked_(tables[0], seq, b, num_blocks, bad)
+        return blk, int32(t - b * BLOCK_SIZE), bad
+
     @device_function
     def issue_tile(sm, key_cache, value_cache, tables, seq, kvh, kt, lo, last, stage,
                    tid, kstr, vstr, tid_slot):
@@ -249,12 +262,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 n = int32(row_of(tid) + u * (CT // NCH) if FIXED_CHUNK else row_of(idx))
                 ch = chunk_of(tid) if FIXED_CHUNK else chunk_of(idx)
                 t = int32(min(max(int32(kt + n), lo), last))
-                b = int32(uint32(t) // uint32(BLOCK_SIZE))
-                if WARP_LOOKUP:
-                    blk = cuda.shfl_sync(FULL_MASK, mine, int32(b - e0))
-                else:
-                    blk, bad = checked_(tables[0], seq, b, key_cache.shape[0], bad)
-                off = int32(t - b * BLOCK_SIZE)
+                blk, off, bad = token_block(tables, seq, t, e0, mine, bad, key_cache.shape[0])
                 if FIXED_CHUNK:       # the same chunk and row % 8 for every u
                     dk = kbase + tid_slot + u * CT * 8
                     dv = dk + BN * D
