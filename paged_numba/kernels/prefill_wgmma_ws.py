@@ -320,18 +320,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         cuda.jit, launch_bounds=(NTHREADS, 1))
 
     @device_function
-    def land(words, g):
+    def land(words, g, tid):
         """(fp8) Tile ``g``'s codes copied by this thread landed: widen them
         into its stage once the consumers are done with the stage's last
         tile, then publish it."""
         if g >= STAGES:
             bar_sync(EMPTY + g % STAGES)
-        fp8_widen(words, g, g % STAGES, tid_of())
+        fp8_widen(words, g, g % STAGES, tid)
         publish(g)
-
-    @cuda_function
-    def tid_of():
-        return int32(cuda.threadIdx.x)
 
     @cuda_function
     def body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
@@ -378,7 +374,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                       g, tid, kstr, vstr, entries)
                             if g >= 1:
                                 wait_older()
-                                land(words, g - 1)
+                                land(words, g - 1, tid)
                         else:
                             if g >= STAGES:     # the consumers are done with tile g - STAGES
                                 bar_sync(EMPTY + g % STAGES)
@@ -396,7 +392,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             if done > 0:
                 wait_all()
                 if FP8:
-                    land(words, done - 1)
+                    land(words, done - 1, tid)
                 else:
                     publish(done - 1)
             if PERSISTENT:              # the releases of the last tiles
