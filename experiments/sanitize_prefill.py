@@ -2,12 +2,18 @@
 
     compute-sanitizer --tool memcheck python3 experiments/sanitize_prefill.py
     compute-sanitizer --tool racecheck python3 experiments/sanitize_prefill.py
+    compute-sanitizer --tool memcheck python3 experiments/sanitize_prefill.py --only float8
+
+`--only TEXT` keeps the cases whose cache dtype contains TEXT (the fp8 cases
+compile slowly under the sanitizer, so they can run on their own).
 
 Each case is a batch with a whole prompt, a chunk after cached tokens and a
 decode token, in its own pool sized to exactly the blocks the tables use (so
 a read past a pool's end is an out-of-bounds access), checked against the
 float64 reference with the tensor-core error bound. Prints one line a case.
 """
+import argparse
+
 import numpy as np
 
 import paged_numba as pn
@@ -28,10 +34,15 @@ QUERY = {"float8_e4m3fn": "float16", "float8_e5m2": "bfloat16"}
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="keep cases whose cache dtype contains this")
+    only = parser.parse_args().only
     rng = np.random.default_rng(0)
     q_lens = [150, 70, 1]
     seq_lens = [150, 230, 97]
     for hs, bs, layout, dtype, group, causal, window in CASES:
+        if only not in dtype:
+            continue
         used = [-(-n // bs) for n in seq_lens]
         perm = rng.permutation(sum(used)).astype(np.int32)
         table = np.full((len(used), max(used)), -1, np.int32)
