@@ -3,7 +3,8 @@
 ``load_words(arr, flat)`` returns the 16 bytes of ``arr`` at flat element
 index ``flat`` (16-byte aligned) as four ``uint32`` words, without
 conversion: two fp16 or bf16 values per word, the lower index in the low
-half.
+half. ``store_words(arr, flat, w0, w1, w2, w3)`` writes four words there
+(one ``st.v4.u32``).
 
 ``mma_m16n8k16(dtype)`` returns a device function
 ``mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``: the warp
@@ -63,6 +64,10 @@ if config.ENABLE_CUDASIM:
         n = 16 // a.itemsize
         w = np.ascontiguousarray(a[flat:flat + n]).view(np.uint32)
         return int(w[0]), int(w[1]), int(w[2]), int(w[3])
+
+    def store_words(arr, flat, w0, w1, w2, w3):
+        a = _host_flat(arr)
+        a[flat:flat + 16 // a.itemsize].view(np.uint32)[:] = (w0, w1, w2, w3)
 
     def _halves(word, dtype):
         lo, hi = int(word) & 0xFFFF, (int(word) >> 16) & 0xFFFF
@@ -164,6 +169,25 @@ else:
             vec = builder.load(ptr, align=16)
             words = [builder.extract_element(vec, ir.Constant(_U32, e)) for e in range(4)]
             return context.make_tuple(builder, sig.return_type, words)
+
+        return sig, codegen
+
+    @intrinsic
+    def store_words(typingctx, arr, flat, w0, w1, w2, w3):
+        if not (isinstance(arr, types.Array) and arr.dtype.bitwidth in (16, 32)):
+            return None
+        sig = types.void(arr, flat, types.uint32, types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig_, args):
+            arr_ty, flat_ty = sig_.args[:2]
+            data = context.make_array(arr_ty)(context, builder, args[0]).data
+            i = context.cast(builder, args[1], flat_ty, types.intp)
+            ptr = builder.bitcast(builder.gep(data, [i]), ir.VectorType(_U32, 4).as_pointer())
+            vec = ir.Constant(ir.VectorType(_U32, 4), ir.Undefined)
+            for e, w in enumerate(args[2:]):
+                vec = builder.insert_element(vec, w, ir.Constant(_U32, e))
+            builder.store(vec, ptr, align=16)
+            return context.get_dummy_value()
 
         return sig, codegen
 

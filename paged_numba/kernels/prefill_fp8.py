@@ -14,7 +14,9 @@ producer warpgroup, which has the time (prefill is bound by the products):
   ``cp.async.wait_group`` is all the ordering it needs) into two 16-byte
   chunks of the fp16 / bf16 tile, at the slots the fp16 kernel's copies use
   (:func:`kernels.prefill_tc_parts.tile_parts`'s ``slot``), through
-  :func:`kernels.fp8_mma.pairs` (``cvt.rn.f16x2.e4m3x2`` / ``.e5m2x2``: exact).
+  :func:`kernels.fp8_mma.pairs` (``cvt.rn.f16x2.e4m3x2`` / ``.e5m2x2``: exact):
+  one 16-byte shared load and two 16-byte shared stores a chunk, in an
+  order that keeps the stores free of bank conflicts.
 
 The codes' scales do not enter the tiles: K's multiplies the logits' scale
 and V's the output, as in the decode kernels. Thread ``tid`` copies chunk
@@ -29,6 +31,7 @@ from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async
 from .fp8 import FORMATS
 from .fp8_mma import pairs
+from .mma import load_words, store_words
 
 STAGING = 2                 # tiles of codes in flight
 
@@ -99,15 +102,18 @@ def fp8_parts(P, kv_dtype, copy_threads):
         record_(tables[0], tables[1], seq, bad)
 
     @device_function
-    def widen_chunk(words, src, dst):
-        """The 8 codes at words ``src``, ``src + 1`` -> one 16-byte chunk of
-        the tile, words ``dst .. dst + 3``."""
-        lo0, hi0 = widen_word(words[src])
-        lo1, hi1 = widen_word(words[src + 1])
-        words[dst] = lo0
-        words[dst + 1] = hi0
-        words[dst + 2] = lo1
-        words[dst + 3] = hi1
+    def widen_chunk(words, src, dst0, dst1, flip):
+        """The 16 codes at words ``src .. src + 3`` (one 16-byte load) -> two
+        16-byte chunks of the tile at words ``dst0`` (the first 8 codes) and
+        ``dst1`` (one 16-byte store each); with ``flip`` the second chunk is
+        stored first."""
+        c0, c1, c2, c3 = load_words(words, src)
+        a0, a1 = widen_word(c2 if flip else c0)
+        a2, a3 = widen_word(c3 if flip else c1)
+        store_words(words, dst1 if flip else dst0, a0, a1, a2, a3)
+        b0, b1 = widen_word(c0 if flip else c2)
+        b2, b3 = widen_word(c1 if flip else c3)
+        store_words(words, dst0 if flip else dst1, b0, b1, b2, b3)
 
     @device_function
     def widen(words, g, stage, tid):
@@ -115,6 +121,10 @@ def fp8_parts(P, kv_dtype, copy_threads):
         wait) into ``stage`` of the fp16 / bf16 ring."""
         kbase = KV_OFF + 2 * stage * BN * D
         c = tid % NCH8
+        # a quarter-warp's eight 16-byte stores reach all 32 banks (no
+        # conflict) when lanes 4-7 of a row store their odd chunk first (with
+        # D = 128 their even chunks fall on the banks of lanes 0-3's)
+        flip = (c >> 2) & 1
         src0 = (STG + (g % STAGING) * STAGE_ELEMS) // 2 + c * 4
         for u in range(CPT):
             n = int32(tid // NCH8 + u * ROWS)
@@ -122,9 +132,8 @@ def fp8_parts(P, kv_dtype, copy_threads):
                 src = src0 + n * (D // 4)
                 for which in range(2):          # K, then V (BN D elements later)
                     dst = kbase + which * BN * D
-                    s = src + which * (V_ELEMS // 2)
-                    widen_chunk(words, s, slot(dst, n, 2 * c) // 2)
-                    widen_chunk(words, s + 2, slot(dst, n, 2 * c + 1) // 2)
+                    widen_chunk(words, src + which * (V_ELEMS // 2),
+                                slot(dst, n, 2 * c) // 2, slot(dst, n, 2 * c + 1) // 2, flip)
 
     return SimpleNamespace(issue=issue, widen=widen, strides=strides,
                            STAGING_BYTES=staging_bytes(D, BN))
