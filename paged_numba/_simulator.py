@@ -150,20 +150,91 @@ class _NamedBarrier:
                     raise RuntimeError("abort flag set in a named barrier")
 
 
-def _checked_run(run):
-    """``BlockManager.run`` that raises if the block ends with a named barrier
-    partly arrived at (an arrival no thread waited for: a barrier the next
-    use would complete early, undefined on the GPU)."""
-    @functools.wraps(run)
-    def checked(self, grid_point, *args):
-        result = run(self, grid_point, *args)
-        for barrier, state in sorted(getattr(self, "_paged_numba_barriers", {}).items()):
-            if state.arrived:
-                raise RuntimeError(f"block {tuple(int(g) for g in grid_point)} ended with "
-                                   f"named barrier {barrier} at {state.arrived} of "
-                                   f"{state.count} arrivals")
-        return result
-    return checked
+class _BlockBarrier:
+    """``__syncthreads`` of one simulated block, without polling: it
+    completes when every thread still running has arrived (a thread that has
+    returned no longer counts, as in Numba's own simulator). A thread that
+    raises aborts the others."""
+
+    def __init__(self, threads):
+        self.cond = threading.Condition()
+        self.live = threads
+        self.arrived = 0
+        self.generation = 0
+        self.failed = None          # the first thread that raised
+        self.threads = []
+
+    def _release(self):
+        self.arrived = 0
+        self.generation += 1
+        self.cond.notify_all()
+
+    def wait(self, thread):
+        with self.cond:
+            if thread.abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            self.arrived += 1
+            generation = self.generation
+            if self.arrived == self.live:
+                self._release()
+            while generation == self.generation and not thread.abort:
+                self.cond.wait(_POLL_S)
+            if thread.abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+    def exit(self, thread, ok):
+        with self.cond:
+            self.live -= 1
+            if not ok and self.failed is None:
+                self.failed = thread
+                for t in self.threads:
+                    t.abort = True
+                self.cond.notify_all()
+            elif self.live and self.arrived == self.live:
+                self._release()
+
+
+def _block_run(self, grid_point, *args):
+    """``BlockManager.run`` without its busy loop: threads wait on one
+    condition per block (:class:`_BlockBarrier`) and the manager only joins
+    them. Raises the first thread's exception, and raises if the block ends
+    with a named barrier partly arrived at (an arrival no thread waited for:
+    a barrier the next use would complete early, undefined on the GPU)."""
+    from numba.cuda.simulator.kernel import BlockThread
+
+    barrier = _BlockBarrier(int(np.prod(self._block_dim)))
+    self._paged_numba_block = barrier
+
+    def target():
+        ok = False
+        try:
+            self._f(*args)
+            ok = True
+        finally:
+            barrier.exit(threading.current_thread(), ok)
+
+    for block_point in np.ndindex(*self._block_dim):
+        barrier.threads.append(BlockThread(target, self, grid_point, block_point, self._debug))
+    for t in barrier.threads:
+        t.start()
+    for t in barrier.threads:
+        t.join()
+    if barrier.failed is not None:
+        exc, tb = barrier.failed.exception
+        raise exc.with_traceback(tb)
+    for t in barrier.threads:        # (a thread that raised after the first)
+        if t.exception:
+            raise t.exception[0].with_traceback(t.exception[1])
+    for name, state in sorted(getattr(self, "_paged_numba_barriers", {}).items()):
+        if state.arrived:
+            raise RuntimeError(f"block {tuple(int(g) for g in grid_point)} ended with "
+                               f"named barrier {name} at {state.arrived} of "
+                               f"{state.count} arrivals")
+
+
+def _syncthreads(self):
+    """``BlockThread.syncthreads`` on the block's :class:`_BlockBarrier`."""
+    self._manager._paged_numba_block.wait(self)
 
 
 def named_barrier(barrier, count, wait):
@@ -296,8 +367,9 @@ def install():
     ``atomic``, for
     device functions that live outside the kernel's module), has a block that
     ends with a named barrier partly arrived at raise, makes ``cuda.shared.array`` thread-safe (see
-    :func:`_shared_array`), and sets ``sys.setswitchinterval(1e-4)`` because the
-    simulator busy-polls its threads. Calling it again does nothing.
+    :func:`_shared_array`), and replaces the simulator's block loop, which
+    busy-polls its threads, with one that waits (:func:`_block_run`). Calling
+    it again does nothing.
 
     Returns
     -------
@@ -307,7 +379,6 @@ def install():
     global _installed
     if not simulator_enabled():
         return False
-    sys.setswitchinterval(1e-4)
     if _installed:
         return True
     global _ORIG_SHARED_ARRAY
@@ -327,8 +398,9 @@ def install():
             setattr(numba.cuda, fn.__name__, functools.partial(fn, None))
     if not hasattr(numba.cuda, "syncthreads"):
         numba.cuda.syncthreads = lambda: threading.current_thread().syncthreads()
-    from numba.cuda.simulator.kernel import BlockManager
-    BlockManager.run = _checked_run(BlockManager.run)
+    from numba.cuda.simulator.kernel import BlockManager, BlockThread
+    BlockManager.run = _block_run
+    BlockThread.syncthreads = _syncthreads
     if not hasattr(numba.cuda, "atomic"):           # the simulator's atomics lock globally
         from numba.cuda.simulator.kernelapi import FakeCUDAAtomic
         numba.cuda.atomic = FakeCUDAAtomic()

@@ -87,7 +87,10 @@ QUICK_FILES = {
 @pytest.hookimpl(tryfirst=True)          # before -m deselects by the marks
 def pytest_collection_modifyitems(items):
     """Mark the tests named in :data:`SLOW` ``slow``, and the doctests and the
-    tests of :data:`QUICK_FILES` ``quick``."""
+    tests of :data:`QUICK_FILES` ``quick``; run the PTX compilation (the
+    longest test, a process of its own) first, so the others run beside it
+    instead of after it."""
+    items.sort(key=lambda item: item.path.name != "test_ptx.py")    # (a stable sort)
     for item in items:
         if type(item).__name__ == "DoctestItem" or item.path.name in QUICK_FILES:
             item.add_marker(pytest.mark.quick)

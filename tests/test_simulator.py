@@ -4,7 +4,6 @@ Run with ``NUMBA_ENABLE_CUDASIM=1`` set before numba is imported; otherwise
 the module is skipped.
 """
 
-import sys
 import threading
 
 import numpy as np
@@ -49,7 +48,8 @@ def test_install_api():
     assert sim.simulator_enabled() is True
     assert sim.install() is True  # idempotent
     assert sim.is_installed() is True
-    assert sys.getswitchinterval() == pytest.approx(1e-4)
+    from numba.cuda.simulator.kernel import BlockManager
+    assert BlockManager.run is sim._block_run       # the block loop that waits
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
     for name in ("shfl_sync", "shfl_up_sync", "shfl_down_sync",
                  "shfl_xor_sync", "syncwarp", "activemask", "lanemask_lt",
@@ -407,6 +407,39 @@ def test_exception_in_other_lane_aborts_waiters():
 
     with pytest.raises(ValueError, match="boom"):
         launch(k, 1, 32, np.zeros(32, np.int64), timeout=30)
+
+
+def test_syncthreads_counts_the_threads_still_running():
+    @cuda.jit
+    def k(out):
+        sm = cuda.shared.array(64, numba.int64)
+        t = cuda.threadIdx.x
+        if t >= 48:                       # these return before the barriers
+            return
+        for r in range(3):
+            sm[t] = t * (r + 1)
+            cuda.syncthreads()
+            out[r, t] = sm[47 - t]
+            cuda.syncthreads()
+
+    out = np.full((3, 64), -1, np.int64)
+    launch(k, 1, 64, out)
+    want = np.array([[(47 - t) * (r + 1) if t < 48 else -1 for t in range(64)]
+                     for r in range(3)])
+    np.testing.assert_array_equal(out, want)
+
+
+def test_exception_aborts_threads_in_syncthreads_and_is_the_one_raised():
+    @cuda.jit
+    def k(out):
+        t = cuda.threadIdx.x
+        if t == 40:
+            raise ValueError("boom")
+        cuda.syncthreads()              # thread 40 never arrives: the others abort
+        out[t] = t
+
+    with pytest.raises(ValueError, match="boom"):
+        launch(k, 2, 64, np.zeros(64, np.int64), timeout=30)
 
 
 def _reference_shfl(mode, x, arg, n):
