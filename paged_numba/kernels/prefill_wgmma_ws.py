@@ -47,6 +47,7 @@ from .access import device_function
 from .async_copy import commit_group, wait_group
 from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
+from .prefill_items import item_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, supports
@@ -173,7 +174,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     tile_entries, issue_entries = P.tile_entries, P.issue_entries
     k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_warp_queries, P.tile_range, P.init_rows
-    range_of = P.range_of
     store_staged, SPLIT = P.store_staged, P.SPLIT
     exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
@@ -186,12 +186,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                     (PRODUCER_REGS, CONSUMER_REGS))
     shrink = wg.setmaxnreg(False, producer_regs)
     grow = wg.setmaxnreg(True, consumer_regs)
-    HPB = P.HPB
     PINGPONG = bool(pingpong)
     PERSISTENT = bool(persistent)
     TIMELINE = bool(timeline)
     PREFETCH = bool(prefetch_queries)
-    RANGES = bool(prefetch_ranges)
     Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
     DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH else 0)
     fp8_issue = fp8_widen = fp8_strides = None
@@ -241,25 +239,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         if PINGPONG and (PERSISTENT or not (last and a[0] == 1)):
             turn_arrive(TURN + 1 - a[0])
 
-    @device_function
-    def rounds(num_tiles, num_heads):
-        """The block's rounds of work items, and the number of items."""
-        if PERSISTENT:
-            items = num_tiles * (num_heads // HPB)
-            return int32((items + cuda.gridDim.x - 1) // cuda.gridDim.x), int32(items)
-        return int32(1), int32(1)
-
-    @device_function
-    def work_item(rnd, items, num_heads):
-        """Round ``rnd``'s item of this block: ``(tile, first head, whether
-        there is one)`` (the serpentine order of a persistent block)."""
-        if PERSISTENT:
-            b = cuda.blockIdx.x if rnd % 2 == 0 else cuda.gridDim.x - 1 - cuda.blockIdx.x
-            w = int32(rnd * cuda.gridDim.x + b)
-            nhb = num_heads // HPB
-            return int32(w // nhb), int32((w % nhb) * HPB), w < items
-        return int32(cuda.blockIdx.x), int32(cuda.blockIdx.y * HPB), True
-
+    I = item_parts(P, persistent, prefetch_ranges)
+    rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
+    next_entries, next_bounds = I.next_entries, I.next_bounds
     run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn)
 
     @device_function
@@ -270,43 +252,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         full_arrive(FULL + j % STAGES)
         if PINGPONG:
             full_arrive(FULL + STAGES + j % STAGES)
-
-    @device_function
-    def item_range(rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
-                   tables):
-        """:func:`tile_range` of round ``rnd``'s ``tile``, from the values
-        :func:`next_entries` and :func:`next_bounds` read into ``nx`` during
-        the last round (with ``prefetch_ranges``; else read now). Each lane
-        read one of them (an address that differs by lane: a warp-uniform one
-        would be moved to a uniform register as soon as it lands, which waits
-        for it there); the warp's lanes share them by shuffles."""
-        if RANGES and rnd > 0:
-            return range_of(cuda.shfl_sync(FULL_MASK, nx[0], 0),
-                            cuda.shfl_sync(FULL_MASK, nx[0], 1),
-                            cuda.shfl_sync(FULL_MASK, nx[1], 0),
-                            cuda.shfl_sync(FULL_MASK, nx[1], 1),
-                            cuda.shfl_sync(FULL_MASK, nx[1], 2), causal, window, tables)
-        return tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
-                          tables)
-
-    @device_function
-    def next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane):
-        """Start reading round ``rnd + 1``'s tile entries into ``nx[0]`` (lane 0
-        ``tile_seq``, the others ``tile_q0``; used from :func:`next_bounds`
-        on, long after: the loads do not stall). Past the last item the last
-        tile's, unused (no condition, so nothing selects on the loaded value)."""
-        if RANGES:
-            ntile = min(work_item(rnd + 1, items, num_heads)[0], tile_seq.shape[0] - 1)
-            nx[0] = tile_seq[ntile] if lane == 0 else tile_q0[ntile]
-
-    @device_function
-    def next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane):
-        """Start reading the bounds of round ``rnd + 1``'s sequence into
-        ``nx[1]``: lanes 0 and 1 ``cu_seqlens_q[seq]``, ``[seq + 1]``, the others
-        ``seq_lens[seq]``."""
-        if RANGES:
-            nseq = cuda.shfl_sync(FULL_MASK, nx[0], 0)
-            nx[1] = cu_seqlens_q[nseq + lane] if lane < 2 else seq_lens[nseq]
 
     @device_function
     def mark(errors, rnd, role, k, tid):
