@@ -219,12 +219,9 @@ def _block_run(self, grid_point, *args):
         t.start()
     for t in barrier.threads:
         t.join()
-    if barrier.failed is not None:
+    if barrier.failed is not None:   # (every thread that raises is seen by exit)
         exc, tb = barrier.failed.exception
         raise exc.with_traceback(tb)
-    for t in barrier.threads:        # (a thread that raised after the first)
-        if t.exception:
-            raise t.exception[0].with_traceback(t.exception[1])
     for name, state in sorted(getattr(self, "_paged_numba_barriers", {}).items()):
         if state.arrived:
             raise RuntimeError(f"block {tuple(int(g) for g in grid_point)} ended with "
