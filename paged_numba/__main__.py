@@ -1,6 +1,7 @@
 """Command line of paged_numba.
 
   python -m paged_numba info                 device, versions, simulator support
+  python -m paged_numba cache [--clear]      the kept compiled kernels (or remove them)
   python -m paged_numba sweep --list         the registered sweeps
   python -m paged_numba sweep NAME [--quick] [--out DIR] [--no-progress]
                                   [--workers N | --scheduler ADDRESS]
@@ -69,6 +70,20 @@ def _writable_dir(path):
     return None
 
 
+def _cache(clear):
+    from paged_numba.kernels import disk_cache
+
+    where = disk_cache.cache_dir()
+    if clear:
+        print(f"removed {disk_cache.clear()} files from {where}")
+        return 0
+    files = disk_cache.entries()
+    size = sum(f.stat().st_size for f in files)
+    state = "on" if disk_cache.enabled() else f"off ({disk_cache.SWITCH_ENV}=0)"
+    print(f"{where}: {len(files)} kernels, {size / 2**20:.1f} MiB; the cache is {state}")
+    return 0
+
+
 def main(argv=None):
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     raw = argparse.RawDescriptionHelpFormatter
@@ -78,6 +93,11 @@ def main(argv=None):
                    description="Print the device (or the simulator), the versions of "
                                "paged_numba, numba, numba-cuda and numpy, and whether the "
                                "simulator's warp operations are installed.", formatter_class=raw)
+    ca = sub.add_parser("cache", help="where compiled kernels are kept; --clear empties it",
+                        description="Print the directory compiled kernels are kept in (set by "
+                                    "PAGED_NUMBA_CACHE_DIR;\nPAGED_NUMBA_CACHE=0 turns the cache "
+                                    "off), how many it holds and their size.", formatter_class=raw)
+    ca.add_argument("--clear", action="store_true", help="remove every kept kernel")
     sw = sub.add_parser("sweep", help="run a registered sweep (see --list)", formatter_class=raw,
                         description="Run the points of a registered sweep that its CSV does not "
                                     "hold yet\n(an interrupted sweep resumes), or list the "
@@ -99,6 +119,8 @@ def main(argv=None):
     if args.command == "info":
         info()
         return 0
+    if args.command == "cache":
+        return _cache(args.clear)
     from paged_numba.sweeps import SWEEPS, MissingExtra, plot_sweep, require, run_sweep
 
     if args.list:

@@ -26,6 +26,8 @@ import functools
 import numpy as np
 from numba import config, cuda
 
+from .kernels.disk_cache import attach as keep_on_disk
+
 # the occupancy model lives with the kernels; these names are kept here too
 from .kernels.tuning import (  # noqa: F401
     REGISTER_SLACK, REGS_PER_SM, SHARED_PER_SM, SIMULATED_RESIDENT_BLOCKS, blocks_by_registers,
@@ -50,6 +52,7 @@ def launch(dispatcher, grid, block, args, stream=0, shared=0):
     """``dispatcher[grid, block, stream, shared](*args)``, counted by :func:`launch_count`;
     ``stream`` is anything :func:`stream_handle` accepts."""
     _launches[0] += 1
+    keep_on_disk(dispatcher)
     dispatcher[grid, block, numba_stream(stream), shared](*args)
 
 
@@ -160,6 +163,7 @@ class PackedLaunch:
         from cuda.bindings import driver as drv
 
         argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
+        keep_on_disk(dispatcher)
         kernel = dispatcher.compile(argtypes)
         kernel.bind()
         params, retr = [], []

@@ -12,6 +12,7 @@ from numba import config, cuda
 
 from . import decode_tc
 from .decode import decode_kernel
+from .disk_cache import attach as keep_on_disk
 from .specializations import decode_signatures
 
 NUM_WARPS = 4
@@ -55,6 +56,7 @@ def resident_blocks(dispatcher, argtypes, threads):
     memory, 64 warps, 32 blocks)."""
     if config.ENABLE_CUDASIM:
         return SIMULATED_RESIDENT_BLOCKS
+    keep_on_disk(dispatcher)
     kernel = dispatcher.compile(tuple(argtypes))
     by_regs = blocks_by_registers(kernel.regs_per_thread, threads)
     return max(1, min(by_regs, _blocks_by_shared(kernel, dispatcher), 64 * 32 // threads, 32))
@@ -93,6 +95,7 @@ def register_cap(dispatcher, argtypes, threads):
     compiling PTX only)."""
     if config.ENABLE_CUDASIM or not cuda.is_available():
         return None
+    keep_on_disk(dispatcher)
     kernel = dispatcher.compile(tuple(argtypes))
     return register_limit(kernel.regs_per_thread, threads, _blocks_by_shared(kernel, dispatcher))
 
