@@ -7,7 +7,7 @@ with the kernels kept on disk by an earlier process.
 Each row is one fresh process (``python -c``): ``import_s`` (``import
 paged_numba`` and building the inputs), ``first_s`` (the first call, to its
 result on the host), ``second_s`` (the same call again) and the number of
-kernels the cache holds afterwards. ``cold`` runs in an empty cache
+kernels the cache holds afterwards (-1 with the cache off). ``cold`` runs in an empty cache
 directory, ``warm`` in the directory the cold run filled, ``off`` with
 ``PAGED_NUMBA_CACHE=0``. fp16, 32 / 8 heads, head size 128, block size 16.
 """
@@ -48,7 +48,7 @@ np.asarray({call})
 t2 = time.perf_counter()
 np.asarray({call})
 t3 = time.perf_counter()
-print(t1 - t0, t2 - t1, t3 - t2, len(disk_cache.entries()))
+print(t1 - t0, t2 - t1, t3 - t2, len(disk_cache.entries()) if disk_cache.enabled() else -1)
 """
 
 

@@ -29,6 +29,8 @@ def parse_variant(name):
             options[OPTIONS[o][0]] = OPTIONS[o][1]
         elif re.fullmatch(r"r\d+", o):
             options["max_registers"] = int(o[1:])
+        elif re.fullmatch(r"pg\d+", o):
+            options["producer_registers"] = int(o[2:])
         elif re.fullmatch(r"h\d+", o):
             hpb = int(o[1:])
         elif re.fullmatch(r"s\d+", o):

@@ -120,6 +120,7 @@ _OPTION_CHECKS = {
     "lazy_rescale": C.flag, "prefetch_queries": C.flag, "prefetch_ranges": C.flag,
     "stages": lambda name, v: None if v is None else C.integer(name, v, lo=3, hi=7),
     "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
+    "producer_registers": lambda name, v: None if v is None else C.integer(name, v, lo=24, hi=160),
     # True (one block a multiprocessor) or a number of blocks
     "persistent": lambda name, v: (bool(v) if isinstance(v, (bool, np.bool_))
                                    else C.integer(name, v, lo=1, hi=2**31 - 1)),

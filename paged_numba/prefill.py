@@ -64,7 +64,7 @@ class PrefillPlan:
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
-        ``prefetch_ranges``), for
+        ``prefetch_ranges``, ``producer_registers``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -84,7 +84,10 @@ class PrefillPlan:
         block's next item's queries into a second buffer while the current
         item runs (32 KB more shared memory at head size 128);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
-        tile entries and sequence bounds while the current item runs.
+        tile entries and sequence bounds while the current item runs;
+        ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8
+        from 24 to 160) the producer's registers a thread, the consumers
+        taking the rest of the block's (default 40, 64 when persistent).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

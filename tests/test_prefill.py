@@ -310,9 +310,9 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        stages=2)))
-    with pytest.raises(ValueError, match="stages, pingpong, persistent, timeline and prefetch_queries apply to the producer"):
+    with pytest.raises(ValueError, match="apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
-    with pytest.raises(ValueError, match="stages, pingpong, persistent, timeline and prefetch_queries apply to the producer"):
+    with pytest.raises(ValueError, match="apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, pingpong=True)))
     with pytest.raises(ValueError, match="pingpong needs two consumer warpgroups"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
@@ -327,9 +327,21 @@ def test_wgmma_rejects_tilings_it_cannot_run():
                        match=r"kernel_options\['persistent'\] must be a positive integer"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], pingpong=True, persistent=0)))
-    with pytest.raises(ValueError, match="stages, pingpong, persistent, timeline and prefetch_queries apply to the producer"):
+    with pytest.raises(ValueError, match="apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        persistent=2)))
+    with pytest.raises(ValueError, match="producer_registers=40 without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       producer_registers=40)))
+    with pytest.raises(ValueError, match="producer_registers needs two consumer warpgroups"):
+        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
+                                                                       producer_registers=40)))
+    with pytest.raises(ValueError, match="multiple of 8 from 24 to 160, but got 44"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
+                                                                       producer_registers=44)))
+    with pytest.raises(ValueError, match=r"kernel_options\['producer_registers'\] must be at most 160, but got 168"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
+                                                                       producer_registers=168)))
 
 
 @pytest.mark.parametrize("p, parts, extra", [

@@ -57,10 +57,30 @@ from .guard import WORDS
 
 STAGES = 4            # K/V tiles in the ring
 PRODUCER_THREADS = 128
-PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 65536
+# setmaxnreg moves registers within the block's launch allocation: 384 threads
+# start with 168 registers each (65536 / 384, rounded down to a multiple of 8),
+# so 128 x producer + 256 x consumer may not pass 168 x 384 = 64512 (more hangs)
+REGISTER_POOL = 168 * 384
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 64512
 # a persistent block's producer keeps its item's state across the ring's tiles:
-# 40 registers spill it (228 bytes, ptxas 13.0), 64 do not, nor 216 the consumers'
+# 40 registers spill it (228 bytes with 64-key tiles, ptxas 13.0), 64 do not,
+# nor 216 the consumers'
 PERSISTENT_REGS = 64, 216
+
+
+def register_split(producer_registers):
+    """``(producer, consumer)`` registers a thread of the 8-consumer-warp
+    kernel: the consumers take the most (a multiple of 8, at most 256) that
+    the pool leaves them.
+
+    >>> [register_split(p) for p in (40, 48, 56, 64)]
+    [(40, 232), (48, 224), (56, 224), (64, 216)]
+    """
+    p = int(producer_registers)
+    if p % 8 or not 24 <= p <= 160:
+        raise ValueError(f"producer_registers must be a multiple of 8 from 24 to 160, but got "
+                         f"{producer_registers!r}")
+    return p, min(256, (REGISTER_POOL - 128 * p) // 256 // 8 * 8)
 
 
 def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES, prefetch_queries=False):
@@ -82,7 +102,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
-                            prefetch_ranges=False, kv_dtype=None):
+                            prefetch_ranges=False, kv_dtype=None, producer_registers=None):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -128,7 +148,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     into a staging ring and widens into the tiles (:mod:`kernels.prefill_fp8`);
     the kernel then takes ``kv_scales [2, num_kv_heads]`` float32 last (K's
     scale multiplies the logits' scale, V's the output). Not with
-    ``prefetch_queries``."""
+    ``prefetch_queries``.
+
+    ``producer_registers`` (8 consumer warps): the producer's registers a
+    thread after ``setmaxnreg`` (:func:`register_split` gives the consumers
+    the rest); default 40, or 64 with ``persistent``."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -182,7 +206,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     NTHREADS = 32 * num_warps + PRODUCER_THREADS
     bar_sync, bar_arrive = wg.bar_sync(NTHREADS), wg.bar_arrive(NTHREADS)
     MOVE_REGS = num_warps == 8           # 384 threads start with 168 registers each
-    producer_regs, consumer_regs = (PERSISTENT_REGS if persistent else
+    if producer_registers is not None and not MOVE_REGS:
+        raise ValueError(f"producer_registers needs two consumer warpgroups (num_warps=8), but "
+                         f"got num_warps={num_warps}")
+    producer_regs, consumer_regs = (register_split(producer_registers)
+                                    if producer_registers is not None else
+                                    PERSISTENT_REGS if persistent else
                                     (PRODUCER_REGS, CONSUMER_REGS))
     shrink = wg.setmaxnreg(False, producer_regs)
     grow = wg.setmaxnreg(True, consumer_regs)
