@@ -241,3 +241,31 @@ def test_a_second_process_compiles_nothing(tmp_path):
     assert files and out_warm == out_cold
     assert {p: p.stat().st_mtime_ns for p in disk_cache.entries(tmp_path)} == files
     assert float(warm) < float(cold)
+
+
+@pytest.mark.skipif(SIM, reason="linking needs a GPU; the simulator compiles nothing")
+def test_a_register_limit_is_linked_not_compiled(tmp_path, monkeypatch):
+    """``relink`` gives the dispatcher built with a register limit the PTX of
+    the one without, linked under the limit: the registers and local memory
+    of Numba compiling it afresh, no compile of its own, and an entry on
+    disk."""
+    from numba import cuda
+    from paged_numba.kernels import decode_tc
+    from paged_numba.kernels.specializations import decode_signatures
+
+    monkeypatch.setenv("PAGED_NUMBA_CACHE_DIR", str(tmp_path))
+    sig = tuple(decode_signatures("float16", "nhd")[0])
+    args = (128, 16, 4, "float16", "nhd", 4, 2, False)
+    source = decode_tc.decode_tc_kernel(*args, pv_mma=True, key_rows=True)
+    limit = source.compile(sig).regs_per_thread // 8 * 8 - 24     # a limit no other test uses
+    target = decode_tc.decode_tc_kernel(*args, pv_mma=True, key_rows=True, max_registers=limit)
+    assert disk_cache.relink(source, target, sig)
+    linked = target.compile(sig)
+    assert sum(target._cache_misses.values()) == 0           # numba compiled nothing
+    fresh = cuda.jit(max_registers=limit)(target.py_func).compile(sig)
+    assert linked.regs_per_thread == fresh.regs_per_thread <= limit
+    assert linked.local_mem_per_thread == fresh.local_mem_per_thread
+    ptx = linked._codelibrary.get_asm_str()
+    assert ptx == source.compile(sig)._codelibrary.get_asm_str()
+    assert target._cache.path(sig).exists()                    # kept on disk
+    assert not disk_cache.relink(source, target, sig)         # it has the kernel already

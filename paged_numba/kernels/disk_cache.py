@@ -32,6 +32,11 @@ The directory is ``$PAGED_NUMBA_CACHE_DIR``, else
 ``PAGED_NUMBA_CACHE=0`` turns the cache off. ``python -m paged_numba cache``
 shows it and ``--clear`` empties it. Under the simulator nothing compiles and
 nothing is kept.
+
+A kernel compiled again with only a register limit added (``tuning``'s
+decode launch does that where a few registers fewer buy one more resident
+block) need not go through Numba again: :func:`relink` links the first
+compile's PTX under the limit.
 """
 import functools
 import hashlib
@@ -282,6 +287,43 @@ def attach(dispatcher):
     if type(cache).__name__ != "NullCache":     # the caller turned on numba's own cache
         return
     dispatcher._cache = DiskCache(dispatcher.py_func)
+
+
+def relink(source, target, argtypes):
+    """Give ``target`` (the dispatcher of ``source``'s kernel built with a
+    ``max_registers`` limit, nothing else changed) its kernel for
+    ``argtypes`` without compiling it again: ``source``'s compiled PTX, which
+    the limit does not change (Numba hands it to the linker only), linked
+    under ``target``'s limit. Only ptxas runs, in place of Numba's typing,
+    lowering and NVVM. The kernel is kept on disk as a compiled one would be.
+    Nothing under the simulator, where ``target`` has the kernel already (in
+    memory, or on disk: it loads it from there), or where Numba's objects are
+    not as expected (``target`` then compiles on its first launch). Returns
+    whether it relinked."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return False
+    argtypes = tuple(argtypes)
+    attach(target)
+    cache = getattr(target, "_cache", None)
+    path = cache.path(argtypes) if isinstance(cache, DiskCache) else None
+    if argtypes in target.overloads or (path is not None and path.exists()):
+        return False
+    try:
+        compiled = source.compile(argtypes)
+        states = pickle.loads(pickle.dumps(compiled._reduce_states()))
+        library = states["codelibrary"]
+        library._max_registers = target.targetoptions["max_registers"]
+        library._cubin_cache, library._linkerinfo_cache = {}, {}
+        kernel = type(compiled)._rebuild(**states)
+        kernel.bind()                   # ptxas, under the limit
+    except Exception:                   # another numba: compile as usual
+        return False
+    if isinstance(cache, DiskCache):
+        cache.save_overload(argtypes, kernel)
+    target.add_overload(kernel, argtypes)
+    return True
 
 
 def entries(directory=None):

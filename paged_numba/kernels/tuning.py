@@ -12,7 +12,7 @@ from numba import config, cuda
 
 from . import decode_tc
 from .decode import decode_kernel
-from .disk_cache import attach as keep_on_disk
+from .disk_cache import attach as keep_on_disk, relink
 from .specializations import decode_signatures
 
 NUM_WARPS = 4
@@ -180,7 +180,9 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         signature = decode_signatures(dtype, layout, query_dtype or "float16")[int(split)]
         cap = register_cap(kernel, signature, 32 * num_warps)
         if cap is not None:
-            kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, max_registers=cap,
-                                                **variant)
+            capped = decode_tc.decode_tc_kernel(*args, num_warps, stages, split,
+                                                max_registers=cap, **variant)
+            relink(kernel, capped, signature)     # the same PTX: ptxas only, not a new compile
+            kernel = capped
         return kernel, 32 * num_warps, True
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
