@@ -12,7 +12,8 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "mt2": ("m_tiles", 2), "wg": ("wgmma", True),
            "ws": ("producer", True), "sw": ("swizzle", True),
            "pp": ("pingpong", True), "ps": ("persistent", True), "lz": ("lazy_rescale", True),
-           "pq": ("prefetch_queries", True), "pr": ("prefetch_ranges", True)}
+           "pq": ("prefetch_queries", True), "pr": ("prefetch_ranges", True),
+           "sh": ("split_halves", True)}
 
 
 def parse_variant(name):

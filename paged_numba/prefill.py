@@ -64,7 +64,7 @@ class PrefillPlan:
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
-        ``prefetch_ranges``, ``producer_registers``), for
+        ``prefetch_ranges``, ``producer_registers``, ``split_halves``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -87,7 +87,10 @@ class PrefillPlan:
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8
         from 24 to 160) the producer's registers a thread, the consumers
-        taking the rest of the block's (default 40, 64 when persistent).
+        taking the rest of the block's (default 40, 64 when persistent);
+        ``split_halves=True`` (with ``producer`` and ``swizzle``) the K/V
+        tiles in the layout a tensor-map copy writes (each 128-byte column
+        group's rows in turn).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

@@ -71,8 +71,11 @@ CHUNK = _problem([5], [40], [[4, 0, 2, 1, 3]], 8, seed=7)
     (WIDE, False, ONE, dict(sliding_window=21)),
     (CHUNK, True, dict(ONE, num_parts=2), dict(logits_soft_cap=3.0)),
     (ITEMS, True, dict(TWO, heads_per_block=2, kernel_options=dict(
-        wgmma=True, producer=True, swizzle=True, pingpong=True, persistent=2)), {})],
-    ids=["rings", "head128-bf16-e5m2-window", "split-k-soft-cap", "persistent-pingpong"])
+        wgmma=True, producer=True, swizzle=True, pingpong=True, persistent=2)), {}),
+    (WIDE, True, dict(ONE, block_n=32, kernel_options=dict(
+        wgmma=True, producer=True, swizzle=True, split_halves=True)), {})],
+    ids=["rings", "head128-bf16-e5m2-window", "split-k-soft-cap", "persistent-pingpong",
+         "head128-split-halves"])
 def test_fp8_prefill_tensor_cores(p, causal, tiling, extra):
     q, out, lse, ref = run_fp8_prefill(p, causal, tiling, **extra)
     assert out.dtype == np.dtype(p.query_dtype)

@@ -231,12 +231,16 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     (WG_LONG, True, dict(WG_TWO, kernel_options=dict(wgmma=True, swizzle=True))),
     (WS_LONG, True, dict(WS_ONE, kernel_options=dict(wgmma=True, producer=True, swizzle=True))),
     (WG_LONG_BF16, False, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
-    (WG_D128, True, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True)))],
-    ids=["wgmma", "producer", "bf16-vllm-noncausal", "head-128"])
+    (WG_D128, True, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
+    (WG_D128, False, dict(WS_ONE, block_n=32, kernel_options=dict(
+        wgmma=True, producer=True, swizzle=True, split_halves=True)))],
+    ids=["wgmma", "producer", "bf16-vllm-noncausal", "head-128", "producer-head-128-split"])
 def test_tc_prefill_swizzled(p, causal, tiling):
     """Both warpgroup kernels with their tiles in the swizzled layout
     (``swizzle=True``; head size 32: 64-byte atom rows; 128: two 128-byte
-    atoms a row)."""
+    atoms a row); the producer kernel's K/V tiles at head size 128 also in
+    the layout of tensor-map copies (``split_halves``: the rows' first 64
+    elements, then their last 64; 32-key tiles, two products in ``P V``)."""
     check_prefill(p, causal, tiling)
 
 
@@ -330,9 +334,15 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        persistent=2)))
-    with pytest.raises(ValueError, match="producer_registers=40 without producer=True"):
+    with pytest.raises(ValueError, match="producer_registers=40, split_halves=False without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        producer_registers=40)))
+    with pytest.raises(ValueError, match="split_halves=True needs swizzle=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
+                                                                       split_halves=True)))
+    with pytest.raises(ValueError, match="producer_registers=None, split_halves=True without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       split_halves=True)))
     with pytest.raises(ValueError, match="producer_registers needs two consumer warpgroups"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        producer_registers=40)))

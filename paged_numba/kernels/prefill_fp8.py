@@ -69,7 +69,7 @@ def fp8_parts(P, kv_dtype, copy_threads):
     k8, v8 = vector_offsets(P.layout, 16, BLOCK_SIZE, D)
     k_strides, v_strides = row_strides(k8, 1), row_strides(v8, 1)
     widen_word = pairs(kv_dtype, P.dtype)
-    slot, KV_OFF = P.slot, P.KV_OFF
+    slot, KV_OFF = P.kv_slot, P.KV_OFF       # the K/V tiles' layout
     token_block, record_ = P.token_block, P.record_
 
     @device_function

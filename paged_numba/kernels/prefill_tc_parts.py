@@ -51,7 +51,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     bytes, the copies in that order) instead of rows with XOR-swizzled
     chunks; ``core_matrices="swizzle"`` in ``wgmma``'s swizzled layout (8-row
     atoms of ``min(128, 2 D)``-byte rows, a row group's atoms side by side,
-    whole rows copied in turn); ``stages`` is the number of K/V tiles in the
+    whole rows copied in turn); ``"swizzle-split"`` the same for the queries,
+    and K and V tiles with each ``SPAN``-byte column group's rows one after
+    another (the first 64 elements of every row, then the next 64: the layout
+    a tensor-map copy of 128-byte box rows writes, ``kv_slot``); ``stages`` is the number of K/V tiles in the
     ring; ``copy_threads`` the threads that run :func:`issue_tile` (default:
     all ``32 * num_warps``); ``guard=False`` takes table ids and lengths as
     they are (:func:`kernels.guard.checked_unchecked`: only to time the guard);
@@ -80,7 +83,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     QCPT = -(-QCHUNKS // NT)
     QREGS = (D <= 128) if q_in_regs is None else bool(q_in_regs)
     SPLIT = bool(split_k)
-    SWIZZLED = core_matrices == "swizzle"
+    SWIZZLED = core_matrices in ("swizzle", "swizzle-split")
+    KV_SPLIT = core_matrices == "swizzle-split"
     CORE = bool(core_matrices) and not SWIZZLED
     # swizzle: rows of SPAN-byte atom rows (8 rows an atom, SEGS atoms a row group)
     SPAN = min(128, 2 * D)
@@ -101,6 +105,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         FIXED_CHUNK = CT % (8 * NCH) == 0
     if SWIZZLED:   # a thread's rows 8 apart: the same atom row, the same XOR
         FIXED_CHUNK = CT % NCH == 0 and (CT // NCH) % 8 == 0
+    # elements between a thread's K/V chunks u and u + 1 where FIXED_CHUNK
+    ROW_STEP = (CT // NCH) * (SPAN // 2) if KV_SPLIT else CT * 8
     # token_copies: TPT threads a token (or TOKS tokens a thread), CPTOK chunks each
     TPT = max(1, NT // BN)
     TOKS = max(1, BN // NT)
@@ -164,6 +170,17 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         def chunk_of(idx):
             return idx % NCH
 
+    if KV_SPLIT:
+        @device_function
+        def kv_slot(base, row, ch):
+            """Flat index of chunk ``ch`` of K/V ``row``: column group ``ch // CPS``
+            after the ``BN`` rows of the groups before it, the chunk XORed as in
+            :func:`slot` (bases 1024-byte aligned)."""
+            x = (((row & 7) * SPAN) >> 7) & (CPS - 1)
+            return base + ((ch // CPS) * BN + row) * (SPAN // 2) + ((ch % CPS) ^ x) * 8
+    else:
+        kv_slot = slot
+
     # (base, block stride, token stride, chunk stride) of a thread's chunk
     k_strides = row_strides(k_flat, 1)
     v_strides = row_strides(v_flat if STAGE_V else k_flat, 1)
@@ -187,11 +204,12 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
             va = wide(blk, vstr[1]) + (vstr[0] + off * vstr[2])
             for j in range(CPTOK):
                 ch = c0 + TPT * j
-                copy16_async(sm, slot(kbase, n, ch), key_cache, ka + j * (TPT * kstr[3]))
+                copy16_async(sm, kv_slot(kbase, n, ch), key_cache, ka + j * (TPT * kstr[3]))
                 if STAGE_V:
-                    copy16_async(sm, slot(vbase, n, ch), value_cache, va + j * (TPT * vstr[3]))
+                    copy16_async(sm, kv_slot(vbase, n, ch), value_cache,
+                                 va + j * (TPT * vstr[3]))
                 else:
-                    dv = slot(vbase, n, ch)
+                    dv = kv_slot(vbase, n, ch)
                     for e in range(8):
                         sm[dv + e] = value_cache[blk, kvh, ch * 8 + e, off]
         commit_group()
@@ -264,13 +282,13 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 t = int32(min(max(int32(kt + n), lo), last))
                 blk, off, bad = token_block(tables, seq, t, e0, mine, bad, key_cache.shape[0])
                 if FIXED_CHUNK:       # the same chunk and row % 8 for every u
-                    dk = kbase + tid_slot + u * CT * 8
+                    dk = kbase + tid_slot + u * ROW_STEP
                     dv = dk + BN * D
                     copy16_async(sm, dk, key_cache,
                                  wide(blk, kstr[1]) + int32(kstr[0] + off * kstr[2]))
                 else:
-                    dk = slot(kbase, n, ch)
-                    dv = slot(vbase, n, ch)
+                    dk = kv_slot(kbase, n, ch)
+                    dv = kv_slot(vbase, n, ch)
                     copy16_async(sm, dk, key_cache, k_flat(key_cache, blk, kvh, off, ch))
                 if STAGE_V:
                     if FIXED_CHUNK:

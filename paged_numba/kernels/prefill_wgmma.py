@@ -66,10 +66,15 @@ def product_parts(P):
     pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
+    SPLIT_KV = P.KV_SPLIT
     if P.SWIZZLED:      # atoms of 8 rows x SPAN bytes; a row group (8 rows) 16 D bytes
         SPAN = P.SPAN
-        mma_s = wg.wgmma_ss(dtype, BN, 16, 16 * D, 16, 16 * D, False, SPAN)
-        mma_o = wg.wgmma_rs(dtype, D, 8 * SPAN, 16 * D, True, SPAN)
+        if SPLIT_KV:    # K/V: a column group's rows in turn, 8 SPAN bytes a row group
+            mma_s = wg.wgmma_ss(dtype, BN, 16, 16 * D, 16, 8 * SPAN, False, SPAN)
+            mma_o = wg.wgmma_rs(dtype, D, BN * SPAN, 8 * SPAN, True, SPAN)
+        else:
+            mma_s = wg.wgmma_ss(dtype, BN, 16, 16 * D, 16, 16 * D, False, SPAN)
+            mma_o = wg.wgmma_rs(dtype, D, 8 * SPAN, 16 * D, True, SPAN)
     else:
         SPAN = 0
         mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
@@ -83,6 +88,8 @@ def product_parts(P):
 
     # operand starts move in 16-byte units (8 elements): a stage of K and V tiles
     STAGE_UNITS, V_UNITS = 2 * BN * D // 8, BN * D // 8
+    # 16 keys of V on: two row groups
+    PV_UNITS = SPAN if SPLIT_KV else 2 * D
 
     @device_function
     def k_units(kk):
@@ -92,6 +99,14 @@ def product_parts(P):
         if SPAN:
             return (32 * kk // SPAN) * (SPAN // 2) + (32 * kk % SPAN) // 16
         return 16 * kk
+
+    @device_function
+    def kb_units(kk):
+        """:func:`k_units` of the K tile (with ``SPLIT_KV`` the next column
+        group is ``BN`` rows on, not the next atom)."""
+        if SPLIT_KV:
+            return (32 * kk // SPAN) * (BN * SPAN // 16) + (32 * kk % SPAN) // 16
+        return k_units(kk)
 
     @device_function
     def starts(sm, qbase):
@@ -104,7 +119,7 @@ def product_parts(P):
         """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
         ks = kvs + stage * STAGE_UNITS
         for kk in range(KSTEPS):
-            mma_s(s, qs + k_units(kk), ks + k_units(kk), kk > 0)
+            mma_s(s, qs + k_units(kk), ks + kb_units(kk), kk > 0)
         commit()
 
     @device_function
@@ -112,7 +127,7 @@ def product_parts(P):
         """Issue ``O += P V`` on the values of ``stage`` (BN / 16 products, one group)."""
         vs = kvs + stage * STAGE_UNITS + V_UNITS
         for ks in range(PV_STEPS):                 # keys 16 ks .. 16 ks + 15: 16 D bytes on
-            mma_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], vs + ks * 2 * D, True)
+            mma_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], vs + ks * PV_UNITS, True)
         commit()
 
     @device_function
@@ -248,7 +263,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     STAGE_V, KV_HEAD_AXIS, SMEM_T, HPB = P.STAGE_V, P.KV_HEAD_AXIS, P.SMEM_T, P.HPB
     Q_OFF = P.Q_OFF
-    wait_all, slot, row_of, chunk_of = P.wait_all, P.slot, P.row_of, P.chunk_of
+    wait_all, kv_slot, row_of, chunk_of = P.wait_all, P.kv_slot, P.row_of, P.chunk_of
     k_strides, v_strides = P.k_strides, P.v_strides
     issue_tile, load_queries = P.issue_tile, P.load_queries
     tile_range, init_rows, exponent_scale = P.tile_range, P.init_rows, P.exponent_scale
@@ -299,7 +314,7 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
         kstr = k_strides(key_cache, kvh, chunk_of(tid))
         vstr = v_strides(value_cache if STAGE_V else key_cache, kvh, chunk_of(tid))
-        tid_slot = slot(0, row_of(tid), chunk_of(tid))
+        tid_slot = kv_slot(0, row_of(tid), chunk_of(tid))
         # this warpgroup's 64 query rows (the index through a shuffle: uniform to ptxas)
         qs, kvs = starts(sm, Q_OFF + cuda.shfl_sync(FULL_MASK, warp >> 2, 0) * 64 * D)
 

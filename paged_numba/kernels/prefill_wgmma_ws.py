@@ -102,7 +102,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             num_warps=8, fast_exp2=False, split_k=False, swizzle=False,
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
-                            prefetch_ranges=False, kv_dtype=None, producer_registers=None):
+                            prefetch_ranges=False, kv_dtype=None, producer_registers=None,
+                            split_halves=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -152,7 +153,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
 
     ``producer_registers`` (8 consumer warps): the producer's registers a
     thread after ``setmaxnreg`` (:func:`register_split` gives the consumers
-    the rest); default 40, or 64 with ``persistent``."""
+    the rest); default 40, or 64 with ``persistent``.
+
+    ``split_halves=True`` (with ``swizzle``): the K/V tiles in the layout a
+    tensor-map copy writes (``tile_parts``' ``"swizzle-split"``: each
+    128-byte column group's rows one after another), the products'
+    descriptors to match; the arithmetic is unchanged."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -182,9 +188,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if persistent and not pingpong:
         raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
                          "reuse of their query rows)")
+    if split_halves and not swizzle:
+        raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
     STAGES = int(stages)
+    layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, "swizzle" if swizzle else True, fast_exp2, False, False, STAGES,
+                   1, split_k, layout_kind, fast_exp2, False, False, STAGES,
                    copy_threads=PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
@@ -194,7 +203,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     starts = W.starts
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
-    slot, row_of, chunk_of = P.slot, P.row_of, P.chunk_of
+    kv_slot, row_of, chunk_of = P.kv_slot, P.row_of, P.chunk_of
     tile_entries, issue_entries = P.tile_entries, P.issue_entries
     k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_warp_queries, P.tile_range, P.init_rows
@@ -318,7 +327,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:
                 shrink()
-            tid_slot = slot(0, row_of(tid), chunk_of(tid))
+            tid_slot = kv_slot(0, row_of(tid), chunk_of(tid))
             done = int32(0)             # tiles of the ring so far
             nx = cuda.local.array(2, int32)     # the next item's range, read ahead
             for rnd in range(num_rounds):
