@@ -64,7 +64,8 @@ class PrefillPlan:
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
-        ``prefetch_ranges``, ``producer_registers``, ``split_halves``), for
+        ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
+        ``mbarriers``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -90,7 +91,9 @@ class PrefillPlan:
         taking the rest of the block's (default 40, 64 when persistent);
         ``split_halves=True`` (with ``producer`` and ``swizzle``) the K/V
         tiles in the layout a tensor-map copy writes (each 128-byte column
-        group's rows in turn).
+        group's rows in turn); ``mbarriers=True`` (with ``pingpong``, not
+        fp8) has the producer's copies arrive at a stage's mbarrier as they
+        land, so that it never waits for them.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

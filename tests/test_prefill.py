@@ -207,10 +207,15 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         prefetch_queries=True)), dict(sliding_window=30)),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2, prefetch_ranges=True)),
-     dict(sliding_window=30))],
+     dict(sliding_window=30)),
+    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
+                                                     swizzle=True, mbarriers=True)), {}),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3, mbarriers=True)), {})],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
-         "prefetch-swizzled-window", "persistent-split-k-ranges"])
+         "prefetch-swizzled-window", "persistent-split-k-ranges", "mbarriers",
+         "mbarriers-persistent"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -223,7 +228,9 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     (``prefetch_queries``: three blocks taking 3, 3 and 2 items alternate
     their buffers, their next ranges read ahead too, ``prefetch_ranges``; two
     blocks of two items, swizzled, not causal, with a window); two blocks of
-    two items with split-K and a window, the next ranges read ahead."""
+    two items with split-K and a window, the next ranges read ahead; the
+    copies arriving at mbarriers (``mbarriers``: 7 tiles round a 4-stage ring,
+    the phases' parity alternating; and across persistent blocks' items)."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -334,15 +341,21 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        persistent=2)))
-    with pytest.raises(ValueError, match="producer_registers=40, split_halves=False without producer=True"):
+    with pytest.raises(ValueError, match="producer_registers=40, split_halves=False, mbarriers=False without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        producer_registers=40)))
     with pytest.raises(ValueError, match="split_halves=True needs swizzle=True"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
                                                                        split_halves=True)))
-    with pytest.raises(ValueError, match="producer_registers=None, split_halves=True without producer=True"):
+    with pytest.raises(ValueError, match="split_halves=True, mbarriers=False without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        split_halves=True)))
+    with pytest.raises(ValueError, match="mbarriers=True needs pingpong=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
+                                                                       mbarriers=True)))
+    with pytest.raises(ValueError, match="mbarriers=True without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       mbarriers=True)))
     with pytest.raises(ValueError, match="producer_registers needs two consumer warpgroups"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        producer_registers=40)))

@@ -50,6 +50,6 @@ def test_timeline_needs_persistent_producer():
     with pytest.raises(ValueError, match="timeline=True needs persistent=True"):
         prefill_tc.prefill_tc_kernel(32, 8, 1, 16, "float16", "nhd", 8, wgmma=True,
                                      producer=True, pingpong=True, timeline=True)
-    with pytest.raises(ValueError, match="split_halves apply to the producer kernel"):
+    with pytest.raises(ValueError, match="mbarriers apply to the producer kernel"):
         prefill_tc.prefill_tc_kernel(32, 8, 1, 16, "float16", "nhd", 4, wgmma=True,
                                      timeline=True)

@@ -2,9 +2,9 @@
 gathers the pages of a paged pool into a swizzled tile, one box a page and
 64-element half row, round after round on one mbarrier, and the tile must
 hold each page's bytes where the 128-byte swizzle puts them (zeros for what a
-box reaches past the pool). The same test runs the stand-ins under the
-simulator and the copy engine on a GPU; a second one assembles the PTX for
-sm_90a."""
+box reaches past the pool); threads whose ``cp.async`` copies arrive at an
+mbarrier as they land. The same tests run the stand-ins under the simulator
+and the hardware on a GPU; another assembles the PTX for sm_90a."""
 import os
 import pathlib
 import re
@@ -62,6 +62,40 @@ def gather_kernel(block_n, head_size, arrivals=1):
                 out[r, e] = smem[e]
             cuda.syncthreads()          # the tile is read before the next round's copies
     return kernel
+
+
+def staged_kernel():
+    """``kernel(src, out)``: each of 64 threads copies its 16 bytes of round
+    ``r`` with ``cp.async`` and arrives through ``copies_arrive``; every
+    thread waits for the phase and reads its neighbour's bytes."""
+    from paged_numba.kernels.async_copy import commit_group, copy16_async
+
+    @cuda.jit
+    def kernel(src, out):
+        smem = cuda.shared.array(512, float16, alignment=1024)
+        bars = cuda.shared.array(1, uint64, alignment=8)
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            tma.mbarrier_init(bars, 0, 64)
+            tma.mbarrier_init_fence()
+        cuda.syncthreads()
+        for r in range(src.shape[0]):
+            copy16_async(smem, 8 * tid, src[r], 8 * tid)
+            commit_group()
+            tma.copies_arrive(bars, 0)
+            tma.mbarrier_wait(bars, 0, r & 1)
+            other = (tid + 1) % 64
+            for e in range(8):
+                out[r, 8 * other + e] = smem[8 * other + e]
+            cuda.syncthreads()          # read before the next round overwrites
+    return kernel
+
+
+def test_copies_arrive_when_they_land():
+    src = np.random.default_rng(1).standard_normal((3, 512)).astype(np.float16)
+    out = cuda.to_device(np.zeros((3, 512), np.float16))
+    staged_kernel()[1, 64](cuda.to_device(src), out)
+    np.testing.assert_array_equal(out.copy_to_host(), src)
 
 
 def expected_tile(rows_of, starts, head, block_n, head_size):
@@ -128,6 +162,10 @@ kernel = ns["gather_kernel"](32, 128, 2)
 sig = (uint64[::1], float16[:, :, ::1], int32[:, ::1], int32, float16[:, ::1])
 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
 print(ptx)
+print("//// next module")
+staged = ns["staged_kernel"]()
+ptx, _ = cuda.compile_ptx(staged.py_func, (float16[:, ::1], float16[:, ::1]), cc=(9, 0))
+print(ptx)
 """
 
 
@@ -144,12 +182,14 @@ def test_ptx_assembles_for_sm90a(tmp_path):
                  proc.stdout.replace(".target sm_90", ".target sm_90a"))
     for text in ("mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
                  "mbarrier.try_wait.parity.shared::cta.b64",
+                 "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
                  "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"):
         assert text in ptx
     if shutil.which("ptxas") is None:
         pytest.skip("no ptxas here: the PTX was checked for its instructions only")
-    src = tmp_path / "k.ptx"
-    src.write_text(ptx)
-    run = subprocess.run(["ptxas", "-arch=sm_90a", str(src), "-o", str(tmp_path / "k.cubin")],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    for n, module in enumerate(ptx.split("//// next module")):
+        src = tmp_path / f"k{n}.ptx"
+        src.write_text(module)
+        run = subprocess.run(["ptxas", "-arch=sm_90a", str(src), "-o", str(tmp_path / "k.cubin")],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]

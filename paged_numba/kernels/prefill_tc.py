@@ -66,7 +66,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False,
                       persistent=False, guard=True, lazy_rescale=False, timeline=False,
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
-                      producer_registers=None, split_halves=False):
+                      producer_registers=None, split_halves=False, mbarriers=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -124,7 +124,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's
     registers divide between the producer and the consumers;
     ``split_halves=True`` (with ``producer`` and ``swizzle``) lays the K/V
-    tiles out as a tensor-map copy writes them.
+    tiles out as a tensor-map copy writes them; ``mbarriers=True`` (with
+    ``pingpong``) has the copies arrive at mbarriers as they land, the
+    producer not waiting for them.
     ``timeline=True`` (with ``persistent``) stamps each item's phases in the
     error array, for experiments (:mod:`kernels.timeline`). ``kv_dtype`` (with
     ``producer``) takes an fp8 cache of that format, ``dtype`` being the
@@ -157,28 +159,31 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            timeline=timeline, prefetch_queries=prefetch_queries,
                                            prefetch_ranges=prefetch_ranges, kv_dtype=kv_dtype,
                                            producer_registers=producer_registers,
-                                           split_halves=split_halves)
+                                           split_halves=split_halves, mbarriers=mbarriers)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
-                or prefetch_ranges or producer_registers is not None or split_halves):
+                or prefetch_ranges or producer_registers is not None or split_halves
+                or mbarriers):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"prefetch_ranges, producer_registers and split_halves apply to "
-                             f"the producer kernel, but got stages={stages}, pingpong={pingpong}, "
+                             f"prefetch_ranges, producer_registers, split_halves and mbarriers "
+                             f"apply to the producer kernel, but got stages={stages}, "
+                             f"pingpong={pingpong}, "
                              f"persistent={persistent}, timeline={timeline}, "
                              f"prefetch_queries={prefetch_queries}, "
                              f"prefetch_ranges={prefetch_ranges}, "
                              f"producer_registers={producer_registers}, "
-                             f"split_halves={split_halves} without producer=True")
+                             f"split_halves={split_halves}, mbarriers={mbarriers} without "
+                             f"producer=True")
         return prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
                                     layout, num_warps, max_registers=max_registers,
                                     fast_exp2=fast_exp2, split_k=split_k, swizzle=swizzle,
                                     guard=guard, lazy_rescale=lazy_rescale)
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
             or timeline or prefetch_queries or prefetch_ranges or producer_registers is not None
-            or split_halves):
+            or split_halves or mbarriers):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
-                         "prefetch_ranges=True, producer_registers and split_halves need "
-                         "wgmma=True")
+                         "prefetch_ranges=True, producer_registers, split_halves and "
+                         "mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs, guard=guard)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS

@@ -40,9 +40,9 @@ the keys and values:
 """
 import functools
 
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, uint32, uint64
 
-from . import wgmma as wg
+from . import tma, wgmma as wg
 from .access import device_function
 from .async_copy import commit_group, wait_group
 from .decode import LOG2E
@@ -103,7 +103,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
-                            split_halves=False):
+                            split_halves=False, mbarriers=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -158,7 +158,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``split_halves=True`` (with ``swizzle``): the K/V tiles in the layout a
     tensor-map copy writes (``tile_parts``' ``"swizzle-split"``: each
     128-byte column group's rows one after another), the products'
-    descriptors to match; the arithmetic is unchanged."""
+    descriptors to match; the arithmetic is unchanged.
+
+    ``mbarriers=True`` (with ``pingpong``, not fp8): each stage's *full*
+    barrier is an mbarrier (:mod:`kernels.tma`) at which every producer
+    thread arrives through ``cp.async.mbarrier.arrive.noinc`` right after
+    issuing its copies of the stage, so the hardware arrives for it once
+    they land: the producer never waits for its own copies and runs ahead
+    until the ring is full. The consumers wait on the stage's phase
+    (``(tile // stages) & 1``; both warpgroups on the same barrier) and
+    then fence the copies into the tensor cores' view."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -188,6 +197,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if persistent and not pingpong:
         raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
                          "reuse of their query rows)")
+    if mbarriers and (not pingpong or kv_dtype is not None):
+        raise ValueError(f"mbarriers=True needs pingpong=True (its turns order the warpgroups' "
+                         f"query rows) and no fp8 cache (whose producer widens the tiles "
+                         f"itself), but got pingpong={pingpong}, kv_dtype={kv_dtype!r}")
     if split_halves and not swizzle:
         raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
     STAGES = int(stages)
@@ -230,6 +243,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     PREFETCH = bool(prefetch_queries)
     Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
     DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH else 0)
+    MBAR = bool(mbarriers)
+    MBAR_AT = DYNAMIC_BYTES // 8          # the stages' mbarriers (uint64), after the rest
+    if MBAR:
+        DYNAMIC_BYTES += 8 * STAGES
     fp8_issue = fp8_widen = fp8_strides = None
     if FP8:                               # the staging ring of codes, after the ring
         F = fp8_parts(P, kv_dtype, PRODUCER_THREADS)
@@ -251,8 +268,13 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
 
     @device_function
     def acquire(j, ntiles, a):
-        """Wait until the producer has published tile ``j`` (to this warpgroup)."""
-        full_sync(FULL + (a[0] * STAGES if PINGPONG else 0) + j % STAGES)
+        """Wait until the producer has published tile ``j`` (to this warpgroup);
+        ``a`` is ``(warpgroup, mbarriers)``."""
+        if MBAR:
+            tma.mbarrier_wait(a[1], MBAR_AT + j % STAGES, (j // STAGES) & 1)
+            fence_proxy()           # the copies landed: into the tensor cores' view
+        else:
+            full_sync(FULL + (a[0] * STAGES if PINGPONG else 0) + j % STAGES)
 
     @device_function
     def release(j, ntiles, a):
@@ -323,6 +345,13 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         num_rounds, items = rounds(tile_seq.shape[0], num_heads)
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
         words = cuda.shared.array(0, uint32, alignment=ALIGN)    # the same memory
+        bars = cuda.shared.array(0, uint64, alignment=ALIGN)     # (MBAR: from MBAR_AT)
+        if MBAR:
+            if tid == 0:
+                for st in range(STAGES):
+                    tma.mbarrier_init(bars, MBAR_AT + st, PRODUCER_THREADS)
+                tma.mbarrier_init_fence()
+            cuda.syncthreads()
 
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:
@@ -364,7 +393,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt,
                                           kv_lo, last, g % STAGES, tid, kstr, vstr, tid_slot,
                                           entries)
-                            if g >= 1:
+                            if MBAR:    # the hardware arrives once they land
+                                tma.copies_arrive(bars, MBAR_AT + g % STAGES)
+                            elif g >= 1:
                                 wait_older()
                                 publish(g - 1)
                         if j == 0:
@@ -376,7 +407,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 wait_all()
                 if FP8:
                     land(words, done - 1, tid)
-                else:
+                elif not MBAR:
                     publish(done - 1)
             if PERSISTENT:              # the releases of the last tiles
                 for g in range(max(done - STAGES, 0), done):
@@ -455,7 +486,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     turn_arrive(TURN)           # warpgroup 0 issues first
                 run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
                          kv_hi, ntiles, done, causal, window, iq, soft_cap, cap2, alibi, sc,
-                         plain, (cwg,))
+                         plain, (cwg, bars))
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 if FP8:                 # V's codes' scale

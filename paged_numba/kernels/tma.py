@@ -15,7 +15,9 @@ counts its bytes on the *mbarrier* ``bars[bar]`` when they have landed.
 
 An mbarrier (a ``uint64`` in shared memory) completes a *phase* when the
 threads it was initialised for have arrived and the bytes announced with
-``arrive_expect_tx`` have landed; ``mbarrier_wait(bars, i, parity)`` returns
+``arrive_expect_tx`` have landed (:func:`copies_arrive`: a thread's arrival
+once all the ``cp.async`` copies it started so far have landed, without
+waiting for them); ``mbarrier_wait(bars, i, parity)`` returns
 once the phase of that parity (0, 1, 0, ... in turn) has completed. One
 thread initialises it (:func:`mbarrier_init`); then
 :func:`mbarrier_init_fence` and a block barrier make it visible to every
@@ -183,6 +185,9 @@ if config.ENABLE_CUDASIM:
         barrier, thread = _get(bars, i)
         barrier.wait(int(parity), thread)
 
+    def copies_arrive(bars, i):
+        _get(bars, i)[0].arrive()           # the simulator's copies have landed already
+
     @functools.cache
     def tma_load(rank):
         def load(dst, dst_flat, tmap, src, coords, bars, bar):
@@ -264,6 +269,16 @@ else:
             addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
             _asm(builder, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
                  (addr, _u32(context, builder, sig.args[2], args[2])), "r,r")
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def copies_arrive(typingctx, bars, i):
+        sig = types.void(bars, i)
+
+        def codegen(context, builder, sig, args):
+            addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            _asm(builder, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", (addr,), "r")
             return context.get_dummy_value()
         return sig, codegen
 
