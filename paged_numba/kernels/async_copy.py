@@ -64,6 +64,13 @@ else:
         shared = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, 3))
         return builder.ptrtoint(shared, _I32)
 
+    def _element_address(context, builder, arr_ty, arr, idx_ty, idx):
+        """32-bit shared-window address of element ``idx`` of a shared array."""
+        base = _shared_address(builder, context.make_array(arr_ty)(context, builder, arr).data)
+        i = builder.trunc(context.cast(builder, idx, idx_ty, types.intp), _I32)
+        size = context.get_abi_sizeof(context.get_data_type(arr_ty.dtype))
+        return builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
+
     @intrinsic
     def copy16_async(typingctx, dst, dst_flat, src, src_flat):
         if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
@@ -71,16 +78,10 @@ else:
         sig = types.void(dst, dst_flat, src, src_flat)
 
         def codegen(context, builder, sig, args):
-            dst_ty, dst_val, dst_idx_ty, dst_idx, src_ty, src_val, src_idx_ty, src_idx = (
-                sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2], sig.args[3],
-                args[3])
-            base = _shared_address(builder, context.make_array(dst_ty)(context, builder,
-                                                                       dst_val).data)
-            i = builder.trunc(context.cast(builder, dst_idx, dst_idx_ty, types.intp), _I32)
-            size = context.get_abi_sizeof(context.get_data_type(dst_ty.dtype))
-            dst_addr = builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
-            data = context.make_array(src_ty)(context, builder, src_val).data
-            j = context.cast(builder, src_idx, src_idx_ty, types.intp)
+            dst_addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1],
+                                        args[1])
+            data = context.make_array(sig.args[2])(context, builder, args[2]).data
+            j = context.cast(builder, args[3], sig.args[3], types.intp)
             src_addr = builder.ptrtoint(builder.gep(data, [j]), _I64)
             _asm(builder, _COPY, (dst_addr, src_addr), "r,l")
             return context.get_dummy_value()

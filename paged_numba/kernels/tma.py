@@ -218,31 +218,35 @@ else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    from .async_copy import _asm, _shared_address
+    from .async_copy import _asm, _element_address
 
     _I32 = ir.IntType(32)
     _I64 = ir.IntType(64)
 
-    def _element_address(context, builder, arr_ty, arr, idx_ty, idx):
-        """32-bit shared-window address of element ``idx`` of a shared array."""
-        base = _shared_address(builder, context.make_array(arr_ty)(context, builder, arr).data)
-        i = builder.trunc(context.cast(builder, idx, idx_ty, types.intp), _I32)
-        size = context.get_abi_sizeof(context.get_data_type(arr_ty.dtype))
-        return builder.add(base, builder.mul(i, ir.Constant(_I32, size)))
-
     def _u32(context, builder, ty, val):
         return builder.trunc(context.cast(builder, val, ty, types.int64), _I32)
 
-    @intrinsic
-    def mbarrier_init(typingctx, bars, i, count):
-        sig = types.void(bars, i, count)
-
+    def _barrier_op(text, value=False):
+        """An intrinsic ``op(bars, i)``, or ``op(bars, i, value)``, running
+        ``text`` on the 32-bit shared address of ``bars[i]`` (``$0``) and the
+        value as a u32 (``$1``)."""
         def codegen(context, builder, sig, args):
             addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            _asm(builder, "mbarrier.init.shared::cta.b64 [$0], $1;",
-                 (addr, _u32(context, builder, sig.args[2], args[2])), "r,r")
+            if value:
+                _asm(builder, text, (addr, _u32(context, builder, sig.args[2], args[2])), "r,r")
+            else:
+                _asm(builder, text, (addr,), "r")
             return context.get_dummy_value()
-        return sig, codegen
+
+        if value:
+            @intrinsic
+            def op(typingctx, bars, i, v):
+                return types.void(bars, i, v), codegen
+        else:
+            @intrinsic
+            def op(typingctx, bars, i):
+                return types.void(bars, i), codegen
+        return op
 
     @intrinsic
     def mbarrier_init_fence(typingctx):
@@ -251,51 +255,16 @@ else:
             return context.get_dummy_value()
         return types.void(), codegen
 
-    @intrinsic
-    def mbarrier_arrive(typingctx, bars, i):
-        sig = types.void(bars, i)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            _asm(builder, "mbarrier.arrive.shared::cta.b64 _, [$0];", (addr,), "r")
-            return context.get_dummy_value()
-        return sig, codegen
-
-    @intrinsic
-    def mbarrier_arrive_expect_tx(typingctx, bars, i, nbytes):
-        sig = types.void(bars, i, nbytes)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            _asm(builder, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
-                 (addr, _u32(context, builder, sig.args[2], args[2])), "r,r")
-            return context.get_dummy_value()
-        return sig, codegen
-
-    @intrinsic
-    def copies_arrive(typingctx, bars, i):
-        sig = types.void(bars, i)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            _asm(builder, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", (addr,), "r")
-            return context.get_dummy_value()
-        return sig, codegen
-
+    mbarrier_init = _barrier_op("mbarrier.init.shared::cta.b64 [$0], $1;", value=True)
+    mbarrier_arrive = _barrier_op("mbarrier.arrive.shared::cta.b64 _, [$0];")
+    mbarrier_arrive_expect_tx = _barrier_op(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", value=True)
+    copies_arrive = _barrier_op("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
     # a label is local to its braces, so every copy of the loop may use the same name
-    _WAIT = ("{\n\t.reg .pred pn_done;\n\tpn_wait:\n"
-             "\tmbarrier.try_wait.parity.shared::cta.b64 pn_done, [$0], $1;\n"
-             "\t@!pn_done bra pn_wait;\n}")
-
-    @intrinsic
-    def mbarrier_wait(typingctx, bars, i, parity):
-        sig = types.void(bars, i, parity)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            _asm(builder, _WAIT, (addr, _u32(context, builder, sig.args[2], args[2])), "r,r")
-            return context.get_dummy_value()
-        return sig, codegen
+    mbarrier_wait = _barrier_op(
+        "{\n\t.reg .pred pn_done;\n\tpn_wait:\n"
+        "\tmbarrier.try_wait.parity.shared::cta.b64 pn_done, [$0], $1;\n"
+        "\t@!pn_done bra pn_wait;\n}", value=True)
 
     @functools.cache
     def tma_load(rank):
