@@ -54,10 +54,11 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     whole rows copied in turn); ``"swizzle-split"`` the same for the queries,
     and K and V tiles with each ``SPAN``-byte column group's rows one after
     another (the first 64 elements of every row, then the next 64: the layout
-    a tensor-map copy of 128-byte box rows writes, ``kv_slot``); ``stages`` is the number of K/V tiles in the
-    ring; ``copy_threads`` the threads that run :func:`issue_tile` (default:
-    all ``32 * num_warps``); ``guard=False`` takes table ids and lengths as
-    they are (:func:`kernels.guard.checked_unchecked`: only to time the guard);
+    a tensor-map copy of 128-byte box rows writes, ``kv_slot``); ``stages``
+    is the number of K/V tiles in the ring; ``copy_threads`` the threads that
+    run :func:`issue_tile` (default: all ``32 * num_warps``); ``guard=False``
+    takes table ids and lengths as they are
+    (:func:`kernels.guard.checked_unchecked`: only to time the guard);
     ``lazy_rescale`` keeps a row's maximum in :func:`weights_half` until the
     tile's exceeds it by more than ``RESCALE_SLACK`` (base 2).
     """

@@ -197,8 +197,13 @@ if config.ENABLE_CUDASIM:
                 raise RuntimeError(f"a rank-{rank} copy through a rank-{r} tensor map")
             dims = [int(w) for w in words[3:3 + r]][::-1]         # outermost first
             box = [int(w) for w in words[8:8 + r]][::-1]
-            data = _host_flat(src).reshape(dims)
-            out = _host_flat(dst).view(np.uint8)
+            item = getattr(src, "_item", src)
+            data = getattr(item, "_ary", item)            # as it lies: its own strides
+            if list(data.shape) != dims:
+                raise RuntimeError(f"a copy through the tensor map of shape {dims} reads an "
+                                   f"array of shape {list(data.shape)}")
+            flat = _host_flat(dst)
+            out = flat.view(np.uint8)
             start = [int(coords[r - 1 - d]) for d in range(r)]    # outermost first
             block = np.zeros(box, data.dtype)
             lo = [max(s, 0) for s in start]
@@ -207,7 +212,7 @@ if config.ENABLE_CUDASIM:
                 block[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, start))] = \
                     data[tuple(slice(l, h) for l, h in zip(lo, hi))]
             raw = block.reshape(-1).view(np.uint8)
-            base = int(dst_flat) * _host_flat(dst).itemsize
+            base = int(dst_flat) * flat.itemsize
             for c in range(raw.size // 16):     # the swizzle of the shared address
                 at = swizzled(base + 16 * c, swizzle)
                 out[at:at + 16] = raw[16 * c:16 * c + 16]
