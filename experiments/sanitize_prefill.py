@@ -3,9 +3,13 @@
     compute-sanitizer --tool memcheck python3 experiments/sanitize_prefill.py
     compute-sanitizer --tool racecheck python3 experiments/sanitize_prefill.py
     compute-sanitizer --tool memcheck python3 experiments/sanitize_prefill.py --only float8
+    compute-sanitizer --tool racecheck python3 experiments/sanitize_prefill.py \
+        --only float16 --variant w8n64-fx-wg-ws-sw-pp-ps-mb
 
 `--only TEXT` keeps the cases whose cache dtype contains TEXT (the fp8 cases
 compile slowly under the sanitizer, so they can run on their own).
+`--variant NAME` runs every case with that tiling (a name as
+``tune_prefill.py`` takes it) instead of the plan's default.
 
 Each case is a batch with a whole prompt, a chunk after cached tokens and a
 decode token, in its own pool sized to exactly the blocks the tables use (so
@@ -17,6 +21,7 @@ import argparse
 import numpy as np
 
 import paged_numba as pn
+from variants import parse_variant
 from paged_numba import fp8 as F
 from paged_numba.testing import PrefillProblem, check_attention, prefill_reference
 
@@ -36,7 +41,13 @@ QUERY = {"float8_e4m3fn": "float16", "float8_e5m2": "bfloat16"}
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="keep cases whose cache dtype contains this")
-    only = parser.parse_args().only
+    parser.add_argument("--variant", default=None, help="a tune_prefill.py variant name")
+    args = parser.parse_args()
+    only, tiling = args.only, {}
+    if args.variant:
+        nw, bn, options, hpb, parts = parse_variant(args.variant)
+        tiling = dict(num_warps=nw, block_n=bn, kernel_options=options, heads_per_block=hpb,
+                      num_parts=parts)
     rng = np.random.default_rng(0)
     q_lens = [150, 70, 1]
     seq_lens = [150, 230, 97]
@@ -63,13 +74,21 @@ def main():
             scales = dict(k_scale=ks, v_scale=vs)
             k, v = F.dequantize(k, ks), F.dequantize(v, vs)
         cache = pn.PagedKVCache.from_host(kc, vc, layout, **scales)
+        try:
+            pn.PrefillPlan(cache, p.cu_seqlens_q, p.seq_lens, 2 * group, causal=causal,
+                           sliding_window=window, tensor_cores=True,
+                           query_dtype=QUERY.get(dtype), **tiling)
+        except ValueError as e:      # a tiling that does not apply to this case
+            print(f"skip hs={hs} bs={bs} {layout} {dtype}: {e}", flush=True)
+            continue
         out, lse = pn.paged_prefill(q, cache, table, p.cu_seqlens_q, p.seq_lens, causal=causal,
-                                    sliding_window=window, return_lse=True, tensor_cores=True)
+                                    sliding_window=window, return_lse=True, tensor_cores=True,
+                                    **tiling)
         check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=causal,
                                                         sliding_window=window,
                                                         tensor_cores=QUERY.get(dtype, dtype)))
         print(f"ok hs={hs} bs={bs} {layout} {dtype} group={group} causal={causal} "
-              f"window={window}", flush=True)
+              f"window={window} variant={args.variant or 'default'}", flush=True)
 
 
 if __name__ == "__main__":

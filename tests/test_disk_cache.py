@@ -95,8 +95,8 @@ class _Cache(DiskCache):
     rebuild = staticmethod(lambda states: states["payload"])
 
 
-def _cache(tmp_path, fn=_plus_one, env=("test",)):
-    return _Cache(fn, directory=tmp_path, environment=env)
+def _cache(tmp_path, fn=_plus_one, env=("test",), options=None):
+    return _Cache(fn, directory=tmp_path, environment=env, options=options)
 
 
 def test_entries_round_trip_and_are_keyed(tmp_path):
@@ -109,6 +109,8 @@ def test_entries_round_trip_and_are_keyed(tmp_path):
     assert cache.load_overload(("float64",) + sig[1:]) is None            # another signature
     assert _cache(tmp_path, fn=_plus_two).load_overload(sig) is None      # another kernel
     assert _cache(tmp_path, env=("other numba",)).load_overload(sig) is None
+    # the same function under other jit options (a register limit) compiles to other code
+    assert _cache(tmp_path, options={"max_registers": 128}).load_overload(sig) is None
     assert len(disk_cache.entries(tmp_path)) == 1
     assert disk_cache.clear(tmp_path) == 1 and cache.load_overload(sig) is None
 
@@ -176,11 +178,13 @@ def test_attach_only_to_dispatchers_without_a_cache(monkeypatch):
 
     class Dispatcher:
         py_func = staticmethod(_plus_one)
+        targetoptions = {"max_registers": 64}
 
     d = Dispatcher()
     d._cache = NullCache()
     disk_cache.attach(d)
     assert isinstance(d._cache, DiskCache) and d._cache.py_func is _plus_one
+    assert d._cache.options == {"max_registers": 64}
     kept = d._cache
     disk_cache.attach(d)
     assert d._cache is kept
@@ -257,8 +261,11 @@ def test_a_register_limit_is_linked_not_compiled(tmp_path, monkeypatch):
     sig = tuple(decode_signatures("float16", "nhd")[0])
     args = (128, 16, 4, "float16", "nhd", 4, 2, False)
     source = decode_tc.decode_tc_kernel(*args, pv_mma=True, key_rows=True)
+    disk_cache.attach(source)                                 # kept on disk, as the launch does
     limit = source.compile(sig).regs_per_thread // 8 * 8 - 24     # a limit no other test uses
     target = decode_tc.decode_tc_kernel(*args, pv_mma=True, key_rows=True, max_registers=limit)
+    disk_cache.attach(target)
+    assert target._cache.path(sig) != source._cache.path(sig)    # not the unlimited kernel
     assert disk_cache.relink(source, target, sig)
     linked = target.compile(sig)
     assert sum(target._cache_misses.values()) == 0           # numba compiled nothing

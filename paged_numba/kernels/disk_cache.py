@@ -197,10 +197,13 @@ class DiskCache:
     kernel or None, ``save_overload(sig, kernel)`` keeps one.
     ``directory`` defaults to :func:`cache_dir` at each call, ``environment``
     (any value with a stable ``repr``) to the versions, sources and device of
-    this process."""
+    this process; ``options`` (the dispatcher's ``targetoptions``:
+    ``max_registers``, ``fastmath``, ...) are part of the key, as they change
+    the compiled code and not the function."""
 
-    def __init__(self, py_func, directory=None, environment=None):
+    def __init__(self, py_func, directory=None, environment=None, options=None):
         self.py_func, self.directory, self.environment = py_func, directory, environment
+        self.options = dict(options or {})      # the dispatcher's jit options: part of the key
         self._digest = None
 
     @property
@@ -212,7 +215,7 @@ class DiskCache:
         kernel is :class:`Unkeyable`."""
         if self._digest is None:
             try:
-                self._digest = fingerprint(self.py_func)
+                self._digest = fingerprint((self.py_func, self.options))
             except Unkeyable:
                 self._digest = False
         if not self._digest:
@@ -286,7 +289,8 @@ def attach(dispatcher):
         return
     if type(cache).__name__ != "NullCache":     # the caller turned on numba's own cache
         return
-    dispatcher._cache = DiskCache(dispatcher.py_func)
+    # the options (max_registers, say) change the compiled code, not the function
+    dispatcher._cache = DiskCache(dispatcher.py_func, options=dispatcher.targetoptions)
 
 
 def relink(source, target, argtypes):

@@ -99,11 +99,12 @@ def tensor_map(array, box, swizzle=128):
              4: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT32,
              8: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT64}
     modes = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+    u32, u64 = drv.cuuint32_t, drv.cuuint64_t      # the binding takes no plain ints
     err, tmap = drv.cuTensorMapEncodeTiled(
-        kinds[itemsize], rank, array.__cuda_array_interface__["data"][0],
-        [shape[rank - 1 - d] for d in range(rank)],
-        [strides[rank - 1 - d] for d in range(1, rank)],
-        [int(box[rank - 1 - d]) for d in range(rank)], [1] * rank,
+        kinds[itemsize], u32(rank), array.__cuda_array_interface__["data"][0],
+        [u64(shape[rank - 1 - d]) for d in range(rank)],
+        [u64(strides[rank - 1 - d]) for d in range(1, rank)],
+        [u32(int(box[rank - 1 - d])) for d in range(rank)], [u32(1)] * rank,
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(drv.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + modes[swizzle]),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
