@@ -76,11 +76,11 @@ def main():
     ap.add_argument("--layout", default="nhd")
     ap.add_argument("--dump")
     a = ap.parse_args()
-    sig = prefill_signature(a.dtype, a.layout)
     print(f"{'variant':>28} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} "
           f"{'SASS':>6}")
     for name in a.variants:
         kernel = variant_kernel(name, a.head_size, a.block_size, a.group, a.dtype, a.layout)
+        sig = prefill_signature(a.dtype, a.layout, tensor_maps="-tm" in name)
         # the producer kernel is launched with launch_bounds (its threads, 1 block)
         threads = getattr(kernel, "block_threads", None)
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0),

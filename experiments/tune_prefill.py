@@ -19,7 +19,8 @@ multiprocessor), ``-lz`` (with ``-wg``: ``lazy_rescale``), ``-pq`` (with ``-ps``
 ``prefetch_queries``), ``-pr`` (with ``-ps``: ``prefetch_ranges``), ``-pg<N>`` (with ``-ws``,
 8 warps: N registers a producer thread, the rest to the consumers), ``-sh`` (with ``-ws -sw``:
 the K/V tiles in the layout of tensor-map copies, ``split_halves``), ``-mb`` (with ``-pp``:
-the copies arrive at mbarriers as they land, ``mbarriers``), ``-ng`` (the kernel built without the device guard, to time
+the copies arrive at mbarriers as they land, ``mbarriers``), ``-tm`` (with ``-sh -mb``: whole tiles
+through the copy engine, ``tensor_maps``), ``-ng`` (the kernel built without the device guard, to time
 what the guard costs: only for valid tables); ``default`` (the plan's default
 tiling and options, ``default-ng`` without the guard) or ``cuda-cores`` (the
 fp32 CUDA-core kernel, default tiling).

@@ -8,7 +8,7 @@ from ._validate import check_lengths  # noqa: F401  (prefill.check_lengths, as b
 from .attention import _int32_device, _padded, _variants
 from .cache import kernel_scales
 from .interop import LikeInput, Results, overlaps, plan_buffer
-from .kernels import prefill_tc
+from .kernels import prefill_tc, prefill_tma
 from .fp8 import is_fp8
 from .kernels.prefill_fp8 import staging_bytes
 from .kernels.prefill_wgmma import wgmma_shared_bytes
@@ -93,7 +93,11 @@ class PrefillPlan:
         tiles in the layout a tensor-map copy writes (each 128-byte column
         group's rows in turn); ``mbarriers=True`` (with ``pingpong``, not
         fp8) has the producer's copies arrive at a stage's mbarrier as they
-        land, so that it never waits for them.
+        land, so that it never waits for them; ``tensor_maps=True`` (with
+        both, an ``"nhd"`` or ``"hnd"`` cache, block size 8 or more) has the
+        copy engine copy every tile whose keys are all valid, one producer
+        thread issuing a box copy a page (the plan makes the pools' tensor
+        maps once).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by
@@ -196,12 +200,16 @@ class PrefillPlan:
             options["persistent"] = True
         #: the tensor-core kernel factory's keyword arguments ({} on CUDA cores)
         self.kernel_options = dict(options) if self.tensor_cores else {}
+        self._maps = ()                 # the tensor maps a kernel with tensor_maps takes
         if self.tensor_cores:
             fp8_args = dict(kv_dtype=cache.dtype.name) if fp8 else {}
             self._kernel = prefill_tc.prefill_tc_kernel(
                 d, cache.block_size, self.heads_per_block, self.block_n,
                 np.dtype(self.query_dtype).name, cache.layout, self.num_warps, **options,
                 **fp8_args)
+            if options.get("tensor_maps"):      # the pools' maps, made once a plan
+                self._maps = prefill_tma.pool_maps(cache.key_cache, cache.value_cache,
+                                                   cache.layout, self.block_n)
         else:
             self._kernel = prefill_kernel(d, cache.block_size, self.heads_per_block, self.block_q,
                                           self.block_n, cache.dtype.name, cache.layout,
@@ -392,7 +400,7 @@ class PrefillPlan:
         outs = self._parts or (out, lse)
         args = (*outs, q, c.key_cache, c.value_cache, tables, self._cu, self._lens,
                 *self._tiles, np.float32(self.scale), np.int32(self.causal), *self._variants,
-                c.errors, *kernel_scales(c))
+                c.errors, *kernel_scales(c), *self._maps)
         threads = getattr(self._kernel, "block_threads", 32 * self.num_warps)
         launch = _launch.PackedLaunch(self._kernel, self._grid, threads, args)
         if self._parts is None:

@@ -450,10 +450,10 @@ def prefill_kernel(head_size, block_size, heads_per_block, block_q, block_n, dty
     return paged_prefill_kernel
 
 
-def prefill_signature(dtype, layout, query_dtype="float16"):
+def prefill_signature(dtype, layout, query_dtype="float16", tensor_maps=False):
     """Argument types the API launches the prefill kernel with (an fp8 cache:
     ``query_dtype`` queries and outputs, the scales last; the error word
-    before them)."""
+    before them; ``tensor_maps``: the pools' two maps last)."""
     from numba.core import types
     from numba.np.numpy_support import from_dtype
 
@@ -470,7 +470,8 @@ def prefill_signature(dtype, layout, query_dtype="float16"):
     pool = store_of(dtype)
     return (arr(q, 3), arr("float32", 2), arr(q, 3), arr(pool, kdim), arr(pool, vdim),
             arr("int32", 2), i32, i32, i32, i32, types.float32, types.int32, arr("float32", 1),
-            types.float32, types.int32, arr("int64", 1)) + ((arr("float32", 2),) if fp8 else ())
+            types.float32, types.int32, arr("int64", 1)) + ((arr("float32", 2),) if fp8 else ()) + (
+            (arr("uint64", 1),) * 2 if tensor_maps else ())
 
 
 # (head_size, group_size, dtype, layout, block_size): the head sizes that pick

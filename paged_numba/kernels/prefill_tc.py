@@ -66,7 +66,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       wgmma=False, producer=False, swizzle=False, stages=None, pingpong=False,
                       persistent=False, guard=True, lazy_rescale=False, timeline=False,
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
-                      producer_registers=None, split_halves=False, mbarriers=False):
+                      producer_registers=None, split_halves=False, mbarriers=False,
+                      tensor_maps=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -126,7 +127,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     ``split_halves=True`` (with ``producer`` and ``swizzle``) lays the K/V
     tiles out as a tensor-map copy writes them; ``mbarriers=True`` (with
     ``pingpong``) has the copies arrive at mbarriers as they land, the
-    producer not waiting for them.
+    producer not waiting for them; ``tensor_maps=True`` (with both) has the
+    copy engine copy the tiles whose keys are all valid (the kernel then
+    takes the pools' tensor maps last, :mod:`kernels.prefill_tma`).
     ``timeline=True`` (with ``persistent``) stamps each item's phases in the
     error array, for experiments (:mod:`kernels.timeline`). ``kv_dtype`` (with
     ``producer``) takes an fp8 cache of that format, ``dtype`` being the
@@ -135,6 +138,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
+    if tensor_maps and not (wgmma and producer):
+        raise ValueError(f"tensor_maps=True runs on the producer kernel only: wgmma=True, "
+                         f"producer=True, but got wgmma={wgmma}, producer={producer}")
     if kv_dtype is not None and not (wgmma and producer):
         raise ValueError(f"an fp8 cache (kv_dtype={kv_dtype!r}) runs on the producer kernel "
                          f"only: wgmma=True, producer=True")
@@ -159,7 +165,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            timeline=timeline, prefetch_queries=prefetch_queries,
                                            prefetch_ranges=prefetch_ranges, kv_dtype=kv_dtype,
                                            producer_registers=producer_registers,
-                                           split_halves=split_halves, mbarriers=mbarriers)
+                                           split_halves=split_halves, mbarriers=mbarriers,
+                                           tensor_maps=tensor_maps)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
                 or mbarriers):

@@ -33,6 +33,8 @@ the keys and values:
   warpgroup loads its own query rows;
 * an fp8 cache's codes go through a staging ring, which the producer widens
   into the tiles (:mod:`kernels.prefill_fp8`);
+* with ``tensor_maps`` the copy engine copies the tiles whose keys are all
+  valid, one producer thread issuing box copies (:mod:`kernels.prefill_tma`);
 * each consumer warp loads and owns 16 query rows in shared memory, and
   writes its output through them once its products are done (16-byte stores
   of whole rows, ``store_staged`` of :func:`kernels.prefill_tc_parts.tile_parts`),
@@ -51,6 +53,7 @@ from .prefill_items import item_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, supports
+from .prefill_tma import tma_parts
 from .prefill_wgmma import key_loop, product_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
@@ -103,7 +106,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
-                            split_halves=False, mbarriers=False):
+                            split_halves=False, mbarriers=False, tensor_maps=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -167,7 +170,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     they land: the producer never waits for its own copies and runs ahead
     until the ring is full. The consumers wait on the stage's phase
     (``(tile // stages) & 1``; both warpgroups on the same barrier) and
-    then fence the copies into the tensor cores' view."""
+    then fence the copies into the tensor cores' view.
+
+    ``tensor_maps=True`` (with ``split_halves`` and ``mbarriers``; ``"nhd"``
+    or ``"hnd"``, block size 8 or more): the tiles whose keys are all
+    valid go through the copy engine, one thread issuing a box copy a page
+    and 128-byte column group (:mod:`kernels.prefill_tma`); the others as
+    before. The kernel then takes the pools' tensor maps (``key_map,
+    value_map``: :func:`kernels.prefill_tma.pool_maps`) last."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
@@ -203,6 +213,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                          f"itself), but got pingpong={pingpong}, kv_dtype={kv_dtype!r}")
     if split_halves and not swizzle:
         raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
+    if tensor_maps and not (split_halves and mbarriers):
+        raise ValueError(f"tensor_maps=True needs split_halves=True (the layout the boxes land "
+                         f"in) and mbarriers=True (which count their bytes), but got "
+                         f"split_halves={split_halves}, mbarriers={mbarriers}")
     STAGES = int(stages)
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
@@ -247,6 +261,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     MBAR_AT = DYNAMIC_BYTES // 8          # the stages' mbarriers (uint64), after the rest
     if MBAR:
         DYNAMIC_BYTES += 8 * STAGES
+    TMAPS = bool(tensor_maps)
+    boxes_whole = issue_boxes = None
+    if TMAPS:
+        T = tma_parts(P, MBAR_AT)
+        boxes_whole, issue_boxes = T.whole, T.issue_boxes
     fp8_issue = fp8_widen = fp8_strides = None
     if FP8:                               # the staging ring of codes, after the ring
         F = fp8_parts(P, kv_dtype, PRODUCER_THREADS)
@@ -337,7 +356,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     @cuda_function
     def body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
              tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-             kv_scales):
+             kv_scales, maps):
         tid = int32(cuda.threadIdx.x)
         num_heads = query.shape[1]
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
@@ -390,12 +409,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         else:
                             if g >= STAGES:     # the consumers are done with tile g - STAGES
                                 bar_sync(EMPTY + g % STAGES)
-                            issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt,
-                                          kv_lo, last, g % STAGES, tid, kstr, vstr, tid_slot,
-                                          entries)
-                            if MBAR:    # the hardware arrives once they land
-                                tma.copies_arrive(bars, MBAR_AT + g % STAGES)
-                            elif g >= 1:
+                            if TMAPS and boxes_whole(kt, kv_lo, last):    # uniform
+                                issue_boxes(sm, maps, key_cache, value_cache, tables, seq, kvh,
+                                            kt, g % STAGES, tid, entries, bars)
+                            else:
+                                issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt,
+                                              kv_lo, last, g % STAGES, tid, kstr, vstr,
+                                              tid_slot, entries)
+                                if MBAR:    # the hardware arrives once they land
+                                    tma.copies_arrive(bars, MBAR_AT + g % STAGES)
+                            if not MBAR and g >= 1:
                                 wait_older()
                                 publish(g - 1)
                         if j == 0:
@@ -515,7 +538,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                           kv_scales):
             body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
                  tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-                 kv_scales)
+                 kv_scales, None)
+    elif TMAPS:
+        @jit
+        def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                          cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale,
+                                          causal, alibi_slopes, soft_cap, window, errors,
+                                          key_map, value_map):
+            body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                 tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
+                 alibi_slopes, (key_map, value_map))      # no scales: never read
     else:
         @jit
         def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
@@ -523,7 +555,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                           causal, alibi_slopes, soft_cap, window, errors):
             body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
                  tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-                 alibi_slopes)           # no scales: never read
+                 alibi_slopes, None)     # no scales: never read
 
     paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
     paged_prefill_wgmma_ws_kernel.block_threads = NTHREADS

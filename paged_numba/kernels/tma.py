@@ -11,7 +11,8 @@ that reach past the array are zero-filled there) into the shared array
 ``box[0] * itemsize`` bytes one after another, 16-byte chunks swizzled as
 ``wgmma.swizzled`` does, from a 1024-byte aligned base), and the copy engine
 counts its bytes on the *mbarrier* ``bars[bar]`` when they have landed.
-``src`` is the array the map describes; only the simulator reads it.
+``src`` is the array the map describes (the simulator checks its shape
+against the map's; both read the array the map was made of).
 
 An mbarrier (a ``uint64`` in shared memory) completes a *phase* when the
 threads it was initialised for have arrived and the bytes announced with
@@ -91,6 +92,7 @@ def tensor_map(array, box, swizzle=128):
         for d in range(rank):        # innermost first, as the GPU's map
             words[3 + d] = shape[rank - 1 - d]
             words[8 + d] = box[rank - 1 - d]
+        words[MAP_WORDS - 1] = _remember(array)     # where the GPU's map holds the address
         return cuda.to_device(words)
     from cuda.bindings import driver as drv
 
@@ -117,6 +119,19 @@ def tensor_map(array, box, swizzle=128):
 
 if config.ENABLE_CUDASIM:
     from .vector import _host_flat
+
+    import itertools
+    import weakref
+
+    # a simulated map's number -> the array it describes (gone with the array, as
+    # a GPU map's address is left dangling when its memory is freed)
+    _MAPPED = weakref.WeakValueDictionary()
+    _NUMBERS = itertools.count(1)
+
+    def _remember(array):
+        number = next(_NUMBERS)
+        _MAPPED[number] = array
+        return number
     from .wgmma import swizzled
 
     class _Mbarrier:
@@ -198,9 +213,12 @@ if config.ENABLE_CUDASIM:
                 raise RuntimeError(f"a rank-{rank} copy through a rank-{r} tensor map")
             dims = [int(w) for w in words[3:3 + r]][::-1]         # outermost first
             box = [int(w) for w in words[8:8 + r]][::-1]
-            item = getattr(src, "_item", src)
-            data = getattr(item, "_ary", item)            # as it lies: its own strides
-            if list(data.shape) != dims:
+            # the array the map was made of (as the GPU reads its address from the
+            # map), as it lies: its own strides
+            mapped = _MAPPED[int(words[MAP_WORDS - 1])]
+            item = getattr(mapped, "_item", mapped)
+            data = getattr(item, "_ary", item)
+            if list(data.shape) != dims or tuple(src.shape) != tuple(data.shape):
                 raise RuntimeError(f"a copy through the tensor map of shape {dims} reads an "
                                    f"array of shape {list(data.shape)}")
             flat = _host_flat(dst)
