@@ -87,7 +87,9 @@ def tma_parts(P, bar_at):
     ``"swizzle-split"``), whose stage ``s`` has its mbarrier at
     ``bars[bar_at + s]`` (initialised for the 128 producer threads):
 
-    * ``whole(kt, lo, last)``: whether the tile of keys ``kt ..`` goes by boxes;
+    * ``whole_tiles(kv_first, kv_hi)``: how many of an item's tiles, from the
+      first (keys ``kv_first ..``, ``kv_first`` at or after its first valid
+      key), go by boxes: those that end by ``kv_hi``, if they start runs;
     * ``issue_boxes(sm, maps, key_cache, value_cache, tables, seq, kvh, kt,
       stage, tid, entries, bars)``: every producer thread calls it; warp 0
       takes the tile's blocks from its table lanes (``entries``:
@@ -105,8 +107,10 @@ def tma_parts(P, bar_at):
     load = tma.tma_load(4)
 
     @device_function
-    def whole(kt, lo, last):
-        return kt >= lo and kt + (BN - 1) <= last and kt % R == 0
+    def whole_tiles(kv_first, kv_hi):
+        if kv_first % R != 0 or kv_hi <= kv_first:
+            return int32(0)
+        return int32((kv_hi - kv_first) // BN)
 
     @device_function
     def issue_boxes(sm, maps, key_cache, value_cache, tables, seq, kvh, kt, stage, tid,
@@ -135,5 +139,5 @@ def tma_parts(P, bar_at):
             tma.mbarrier_arrive(bars, bar)
         record(tables[0], tables[1], seq, bad)
 
-    return SimpleNamespace(whole=whole, issue_boxes=issue_boxes, RUNS=RUNS, R=R,
+    return SimpleNamespace(whole_tiles=whole_tiles, issue_boxes=issue_boxes, RUNS=RUNS, R=R,
                            TILE_BYTES=TILE_BYTES)

@@ -262,10 +262,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if MBAR:
         DYNAMIC_BYTES += 8 * STAGES
     TMAPS = bool(tensor_maps)
-    boxes_whole = issue_boxes = None
+    issue_boxes = None
     if TMAPS:
         T = tma_parts(P, MBAR_AT)
-        boxes_whole, issue_boxes = T.whole, T.issue_boxes
+        whole_tiles, issue_boxes = T.whole_tiles, T.issue_boxes
+    else:
+        @device_function
+        def whole_tiles(kv_first, kv_hi):
+            return int32(0)
     fp8_issue = fp8_widen = fp8_strides = None
     if FP8:                               # the staging ring of codes, after the ring
         F = fp8_parts(P, kv_dtype, PRODUCER_THREADS)
@@ -288,10 +292,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     @device_function
     def acquire(j, ntiles, a):
         """Wait until the producer has published tile ``j`` (to this warpgroup);
-        ``a`` is ``(warpgroup, mbarriers)``."""
+        ``a`` is ``(warpgroup, mbarriers, the ring's count up to which the
+        tiles came by box copies)``."""
         if MBAR:
             tma.mbarrier_wait(a[1], MBAR_AT + j % STAGES, (j // STAGES) & 1)
-            fence_proxy()           # the copies landed: into the tensor cores' view
+            if j >= a[2]:
+                # cp.async copies landed: into the tensor cores' view (box copies
+                # write through the async proxy, which the products read)
+                fence_proxy()
         else:
             full_sync(FULL + (a[0] * STAGES if PINGPONG else 0) + j % STAGES)
 
@@ -393,6 +401,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         window, tables)
                     next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
                     last = int32(kv_hi - 1)
+                    boxed = whole_tiles(kv_first, kv_hi)     # its first tiles by boxes
                     mark(errors, rnd, 0, 1, tid)
                     for j in range(ntiles):
                         g = done + j
@@ -409,7 +418,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         else:
                             if g >= STAGES:     # the consumers are done with tile g - STAGES
                                 bar_sync(EMPTY + g % STAGES)
-                            if TMAPS and boxes_whole(kt, kv_lo, last):    # uniform
+                            if TMAPS and j < boxed:     # a whole tile: by box copies
                                 issue_boxes(sm, maps, key_cache, value_cache, tables, seq, kvh,
                                             kt, g % STAGES, tid, entries, bars)
                             else:
@@ -507,9 +516,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         o[0, i, e] = 0.0
                 if PINGPONG and cwg == 1 and ntiles > 0 and (done == 0 or not PERSISTENT):
                     turn_arrive(TURN)           # warpgroup 0 issues first
-                run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
-                         kv_hi, ntiles, done, causal, window, iq, soft_cap, cap2, alibi, sc,
-                         plain, (cwg, bars))
+                boxed = int32(done + whole_tiles(kv_first, kv_hi))     # ring count
+                run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c,
+                         pos0, nq, kv_first, kv_hi, ntiles, done, causal, window, iq, soft_cap,
+                         cap2, alibi, sc, plain, (cwg, bars, boxed))
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 if FP8:                 # V's codes' scale
