@@ -15,11 +15,11 @@ the keys and values:
   of its warp has released its registers, and a ``cp.async`` holds its
   address registers until the memory pipeline takes it, so copies issued by
   the warps that run the products stall the products;
-* stage ``s`` has two named barriers of the whole block: *full* (the producer
-  arrives once the stage's copies landed, the consumers wait) and *empty* (the
-  consumers arrive once the products reading it are done, the producer waits
-  before overwriting it). The producer runs up to ``stages - 2`` tiles ahead
-  of the tile whose scores the consumers compute;
+* stage ``s`` has two barriers (:mod:`kernels.prefill_ring`): *full* (the
+  producer arrives once the stage's copies landed, the consumers wait) and
+  *empty* (the consumers arrive once the products reading it are done, the
+  producer waits before overwriting it). The producer runs up to
+  ``stages - 2`` tiles ahead of the tile whose scores the consumers compute;
 * with ``pingpong`` the two consumer warpgroups take turns at the tensor
   cores: each issues its products only after the other has issued its own
   (a pair of named barriers, one a warpgroup, that one waits at and the other
@@ -50,6 +50,7 @@ from .async_copy import commit_group, wait_group
 from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
+from .prefill_ring import ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, supports
@@ -240,7 +241,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     fence_proxy = wg.fence_proxy_async
     wait_older = wait_group(1)            # all but this thread's newest group of copies
     NTHREADS = 32 * num_warps + PRODUCER_THREADS
-    bar_sync, bar_arrive = wg.bar_sync(NTHREADS), wg.bar_arrive(NTHREADS)
     MOVE_REGS = num_warps == 8           # 384 threads start with 168 registers each
     if producer_registers is not None and not MOVE_REGS:
         raise ValueError(f"producer_registers needs two consumer warpgroups (num_warps=8), but "
@@ -280,65 +280,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         raise ValueError(f"{'fp8 staging' if FP8 else 'prefetch_queries'} needs {DYNAMIC_BYTES} "
                          f"bytes of shared memory, more than {MAX_SHARED_BYTES}: fewer stages "
                          f"or a smaller block_n")
-    # named barrier ids (0 is __syncthreads): full (with pingpong one set a
-    # consumer warpgroup), empty, then the two turns
-    FULL_SETS = 2 if PINGPONG else 1
-    FULL, EMPTY = 1, 1 + FULL_SETS * STAGES
-    TURN = EMPTY + STAGES
-    FULL_COUNT = 256 if PINGPONG else NTHREADS    # the producer and who waits
-    full_sync, full_arrive = wg.bar_sync(FULL_COUNT), wg.bar_arrive(FULL_COUNT)
-    turn_sync, turn_arrive = wg.bar_sync(256), wg.bar_arrive(256)
-
-    @device_function
-    def acquire(j, ntiles, a):
-        """Wait until the producer has published tile ``j`` (to this warpgroup);
-        ``a`` is ``(warpgroup, mbarriers, the ring's count up to which the
-        tiles came by box copies)``."""
-        if MBAR:
-            tma.mbarrier_wait(a[1], MBAR_AT + j % STAGES, (j // STAGES) & 1)
-            if j >= a[2]:
-                # cp.async copies landed: into the tensor cores' view (box copies
-                # write through the async proxy, which the products read)
-                fence_proxy()
-        else:
-            full_sync(FULL + (a[0] * STAGES if PINGPONG else 0) + j % STAGES)
-
-    @device_function
-    def release(j, ntiles, a):
-        """Tile ``j``'s products are done: its stage is free for the producer
-        (which waits for it only if it has a tile ``j + STAGES`` to copy; a
-        persistent block's producer waits for every tile, the last ones at
-        the end)."""
-        if PERSISTENT or j + STAGES < ntiles:
-            bar_arrive(EMPTY + j % STAGES)
-
-    @device_function
-    def take_turn(a):
-        """Wait until the other warpgroup has issued its products."""
-        if PINGPONG:
-            turn_sync(TURN + a[0])
-
-    @device_function
-    def pass_turn(last, a):
-        """This warpgroup's products are issued: the other's turn (warpgroup 1's
-        last products have no turn after them: every wait is matched; in a
-        persistent block they do, and warpgroup 0 takes it at the end)."""
-        if PINGPONG and (PERSISTENT or not (last and a[0] == 1)):
-            turn_arrive(TURN + 1 - a[0])
+    R = ring_parts(STAGES, PINGPONG, PERSISTENT, MBAR, MBAR_AT, NTHREADS)
+    acquire, release, take_turn, pass_turn, publish = (R.acquire, R.release, R.take_turn,
+                                                       R.pass_turn, R.publish)
+    bar_sync, turn_sync, turn_arrive, EMPTY, TURN = (R.bar_sync, R.turn_sync, R.turn_arrive,
+                                                     R.EMPTY, R.TURN)
 
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
     run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn)
-
-    @device_function
-    def publish(j):
-        """Tile ``j``'s copies by this thread landed (all but the newest group):
-        visible to the tensor cores, then arrive at the stage's full barrier(s)."""
-        fence_proxy()
-        full_arrive(FULL + j % STAGES)
-        if PINGPONG:
-            full_arrive(FULL + STAGES + j % STAGES)
 
     @device_function
     def mark(errors, rnd, role, k, tid):
