@@ -13,31 +13,74 @@ group is complete; other threads' copies need a barrier as well.
 The copies need no registers while in flight, which is how a kernel keeps
 many loads outstanding without lowering its occupancy. On the GPU these are
 inline PTX (``cp.async.cg.shared.global``, ``cp.async.commit_group``,
-``cp.async.wait_group``); under the simulator the copy happens at once and
-commit/wait do nothing.
+``cp.async.wait_group``). Under the simulator a copy reads its source when
+it is issued but lands as late as the GPU may let it: its destination holds
+``0xFF`` bytes (NaN in every float format a tile holds) until the issuing
+thread's ``wait_group`` lets it land, or the mbarrier phase its
+``kernels.tma.copies_arrive`` arrival belongs to completes. So a thread that
+reads a copy before it was waited for reads NaN there, as it could read
+stale data on the GPU.
 """
 import functools
+import threading
 
 import numpy as np
 from numba import config, types
 
 from .vector import _host_flat
 
+POISON = 0xFF               # a simulated copy's bytes until it lands
+
 if config.ENABLE_CUDASIM:
+    _local = threading.local()      # a simulated thread's copies in flight
+
+    class _Copy:
+        """16 bytes read at issue, to land at ``out[at:at + 16]`` once."""
+        __slots__ = ("out", "at", "data", "landed")
+
+        def __init__(self, out, at, data):
+            self.out, self.at, self.data, self.landed = out, at, data, False
+
+        def land(self):
+            if not self.landed:
+                self.out[self.at:self.at + 16] = self.data
+                self.landed = True
+
+    def _flight():
+        """This thread's ``(open copies, committed groups)``."""
+        f = getattr(_local, "flight", None)
+        if f is None:
+            f = _local.flight = ([], [])
+        return f
 
     def copy16_async(dst, dst_flat, src, src_flat):
         d, s = _host_flat(dst), _host_flat(src)     # the 16 bytes as they are
         i, j = dst_flat * d.itemsize, src_flat * s.itemsize
-        d.view(np.uint8)[i:i + 16] = s.view(np.uint8)[j:j + 16]
+        out = d.view(np.uint8)
+        copy = _Copy(out, i, s.view(np.uint8)[j:j + 16].copy())
+        out[i:i + 16] = POISON
+        _flight()[0].append(copy)
 
     def commit_group():
-        pass
+        opened, groups = _flight()
+        groups.append(list(opened))     # an empty group counts too, as on the GPU
+        opened.clear()
 
     @functools.cache
     def wait_group(n):
         def wait():
-            pass
+            groups = _flight()[1]
+            while len(groups) > n:
+                for copy in groups.pop(0):
+                    copy.land()
         return wait
+
+    def in_flight():
+        """Every copy this thread started that has not landed (for an arrival
+        that lands them when its phase completes)."""
+        opened, groups = _flight()
+        return [c for g in groups for c in g if not c.landed] + \
+            [c for c in opened if not c.landed]
 
 else:
     from llvmlite import ir

@@ -31,9 +31,12 @@ On the GPU these are inline PTX (``mbarrier.*.shared::cta.b64``,
 ``cp.async.bulk.tensor.<rank>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes``),
 and the tensor map is the driver's 128-byte ``CUtensorMap``
 (``cuTensorMapEncodeTiled``) in global memory. Under the simulator the map
-holds the same description as plain words, a copy happens at once (and
-counts its bytes at once), and the barriers are Python objects of the
-simulated block.
+holds the same description as plain words, the barriers are Python objects
+of the simulated block, and a copy counts its bytes at once but lands only
+when the phase it counts towards completes (its destination holds ``0xFF``
+bytes, NaN, until then), as do the ``cp.async`` copies of a
+:func:`copies_arrive` arrival: a thread that reads a stage without waiting
+for its phase reads NaN.
 """
 import functools
 import threading
@@ -118,10 +121,12 @@ def tensor_map(array, box, swizzle=128):
 
 
 if config.ENABLE_CUDASIM:
-    from .vector import _host_flat
-
     import itertools
     import weakref
+
+    from .async_copy import POISON, _Copy, in_flight
+    from .vector import _host_flat
+    from .wgmma import swizzled
 
     # a simulated map's number -> the array it describes (gone with the array, as
     # a GPU map's address is left dangling when its memory is freed)
@@ -132,30 +137,35 @@ if config.ENABLE_CUDASIM:
         number = next(_NUMBERS)
         _MAPPED[number] = array
         return number
-    from .wgmma import swizzled
 
     class _Mbarrier:
         """One mbarrier of a simulated block."""
 
         def __init__(self, count):
             self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+            self.landing = []       # copies that land when this phase completes
             self.cond = threading.Condition()
 
         def _maybe_complete(self):
             if self.pending == 0 and self.tx == 0:
+                for copy in self.landing:
+                    copy.land()
+                self.landing = []
                 self.pending, self.phase = self.count, self.phase + 1
                 self.cond.notify_all()
 
-        def arrive(self, tx=0):
+        def arrive(self, tx=0, landing=()):
             with self.cond:
                 if self.pending == 0:
                     raise RuntimeError("mbarrier: more arrivals than its count in one phase")
+                self.landing.extend(landing)
                 self.pending -= 1
                 self.tx += tx
                 self._maybe_complete()
 
-        def complete_tx(self, nbytes):
+        def complete_tx(self, nbytes, landing=()):
             with self.cond:
+                self.landing.extend(landing)
                 self.tx -= nbytes
                 self._maybe_complete()
 
@@ -202,7 +212,8 @@ if config.ENABLE_CUDASIM:
         barrier.wait(int(parity), thread)
 
     def copies_arrive(bars, i):
-        _get(bars, i)[0].arrive()           # the simulator's copies have landed already
+        # this thread's copies land when the phase completes (as late as they may)
+        _get(bars, i)[0].arrive(landing=in_flight())
 
     @functools.cache
     def tma_load(rank):
@@ -232,10 +243,12 @@ if config.ENABLE_CUDASIM:
                     data[tuple(slice(l, h) for l, h in zip(lo, hi))]
             raw = block.reshape(-1).view(np.uint8)
             base = int(dst_flat) * flat.itemsize
+            copies = []
             for c in range(raw.size // 16):     # the swizzle of the shared address
                 at = swizzled(base + 16 * c, swizzle)
-                out[at:at + 16] = raw[16 * c:16 * c + 16]
-            _get(bars, bar)[0].complete_tx(raw.size)
+                copies.append(_Copy(out, at, raw[16 * c:16 * c + 16]))
+                out[at:at + 16] = POISON        # until the phase completes
+            _get(bars, bar)[0].complete_tx(raw.size, landing=copies)
         return load
 
 else:
