@@ -169,6 +169,13 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         yield (f"prefill_tc hs={hs} {dtype} {layout} hpb={hpb} bn={bn} warps={nw} {opts}",
                prefill_tc_kernel(hs, 16, hpb, bn, dtype, layout, nw, **opts),
                prefill_signature(dtype, layout))
+    # the producer kernel with its copies counted on mbarriers, whole tiles by box
+    # copies through the pools' tensor maps (taken last)
+    tm = dict(fast_exp2=True, wgmma=True, producer=True, swizzle=True, pingpong=True,
+              persistent=True, split_halves=True, mbarriers=True, tensor_maps=True)
+    yield (f"prefill_tc hs=128 float16 hnd hpb=4 bn=64 warps=8 {tm}",
+           prefill_tc_kernel(128, 16, 4, 64, "float16", "hnd", 8, **tm),
+           prefill_signature("float16", "hnd", tensor_maps=True))
     # an fp8 cache on the producer kernel at sm_90's default tiling (fp16 queries)
     hpb, _, bn, nw, opts = prefill_tc_config(128, 4, None, "nhd", sm90=True)
     yield (f"prefill_tc hs=128 float8_e4m3fn queries=float16 nhd hpb={hpb} bn={bn} warps={nw} "
