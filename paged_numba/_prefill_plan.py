@@ -7,6 +7,10 @@ from . import _arrays, _simulator
 from . import _checks as C
 from .fp8 import is_fp8
 from .kernels import prefill_tc
+from .kernels.prefill import SHARED_LIMIT, prefill_config, shared_bytes
+from .kernels.prefill_fp8 import staging_bytes
+from .kernels.prefill_wgmma import wgmma_shared_bytes
+from .kernels.prefill_wgmma_ws import STAGES as WS_STAGES, ws_shared_bytes
 
 def _host_int(name, x):
     """A host int64 copy of an integer array (device arrays are copied), its
@@ -151,3 +155,109 @@ def _kernel_options(kernel_options):
                          f"{sorted(unknown)}.")
     return {key: _OPTION_CHECKS[key](f"kernel_options['{key}']", value)
             for key, value in kernel_options.items()}
+
+
+# -- tilings -------------------------------------------------------------------
+
+def heads_per_block_of(group, value, default):
+    """``heads_per_block`` (or ``default``): a power of two dividing ``group``."""
+    hpb = _knob("heads_per_block", value, default)
+    if group % hpb or hpb & (hpb - 1):
+        raise ValueError(f"heads_per_block must be a power of two dividing the GQA group size "
+                         f"{group}, but got {hpb}.")
+    return hpb
+
+def cuda_core_tiling(cache, group, max_q, heads_per_block, block_q, block_n, num_warps):
+    """``(heads_per_block, block_q, block_n, num_warps)`` of the CUDA-core
+    kernel over ``cache``: the caller's, else the defaults for ``group`` and
+    the longest query ``max_q``; checked against shared memory."""
+    d_hpb, d_bq, d_bn, d_nw = prefill_config(cache.head_size, group, max_q)
+    hpb = heads_per_block_of(group, heads_per_block, d_hpb)
+    bq = _knob("block_q", block_q, d_bq)
+    bn = _knob("block_n", block_n, d_bn)
+    nw = _knob("num_warps", num_warps, d_nw, hi=32)
+    need = shared_bytes(cache.head_size, hpb * bq, bn)
+    if need > SHARED_LIMIT:
+        raise ValueError(f"tile of {hpb * bq} rows x {bn} keys at head "
+                         f"size {cache.head_size} needs {need} bytes of shared memory, "
+                         f"more than {SHARED_LIMIT}.")
+    return hpb, bq, bn, nw
+
+def tc_tiling(cache, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
+              wgmma=False, producer=False, stages=None, auto=False, prefetch=False,
+              fp8=False):
+    """``(heads_per_block, block_q, block_n, num_warps, default kernel
+    options)`` of the tensor-core kernel over ``cache`` (``m_tiles`` the
+    caller's, if given). ``auto``: the sm_90 default may be the warpgroup
+    kernel; ``fp8``: the producer kernel's staging ring too."""
+    if producer and not wgmma:
+        raise ValueError("kernel_options['producer'] needs kernel_options['wgmma'] = True.")
+    sim = _simulator.simulator_enabled()
+    d_hpb, _, d_bn, d_nw, defaults = prefill_tc.prefill_tc_config(
+        cache.head_size, group, max_q, cache.layout,
+        sm90=auto and not sim and _compute_capability() == (9, 0))
+    if defaults.get("wgmma"):
+        wgmma, producer = True, defaults.get("producer", False)
+    elif sim:
+        # one warp, 16-key tiles: the simulator runs each thread in Python and
+        # each mma as a rendezvous of 32 of them, so the GPU's tiles cost minutes there
+        d_bn, d_nw = 16, 1
+    if wgmma and not defaults.get("wgmma"):
+        # warpgroups of 4 warps (64 rows each), one m-tile a warp
+        d_nw = 4 if sim else 8
+        d_bn = 16 if sim else 64
+        defaults = {"fast_exp2": defaults["fast_exp2"], "m_tiles": 1}
+        if m_tiles not in (None, 1):
+            raise ValueError(f"kernel_options['wgmma'] needs m_tiles=1, but got "
+                             f"m_tiles={m_tiles}.")
+    if sim or num_warps is not None or block_q is not None:
+        # a tiling of the caller's (or the simulator's): one m-tile a warp unless
+        # kernel_options say otherwise, the kernel's own q_in_regs
+        defaults = {"fast_exp2": defaults["fast_exp2"]}
+    if m_tiles is None:
+        m_tiles = defaults.get("m_tiles", 1)
+    hpb = heads_per_block_of(group, heads_per_block, d_hpb)
+    rows = 16 * m_tiles                 # rows a warp
+    if block_q is not None and num_warps is not None:
+        raise ValueError(f"on tensor cores block_q follows from num_warps ({rows} rows a "
+                         f"warp); give one of them, but got block_q={block_q!r} and "
+                         f"num_warps={num_warps!r}.")
+    if block_q is not None:
+        bq = _knob("block_q", block_q, None)
+        if (bq * hpb) % rows:
+            raise ValueError(f"on tensor cores block_q * heads_per_block must be a multiple "
+                             f"of {rows} (rows of a warp), but got block_q={bq} with "
+                             f"heads_per_block={hpb}.")
+        num_warps = bq * hpb // rows
+    nw = _knob("num_warps", num_warps, d_nw)
+    if (rows * nw) % hpb:
+        raise ValueError(f"heads_per_block={hpb} must divide the tile's {rows * nw} rows "
+                         f"({rows} a warp x num_warps={nw}).")
+    bq = rows * nw // hpb
+    bn = _knob("block_n", block_n, d_bn)
+    if bn % 16:
+        raise ValueError(f"on tensor cores block_n must be a multiple of 16, but got {bn}.")
+    if nw > 16:
+        raise ValueError(f"num_warps must be at most 16, but got {nw}.")
+    if wgmma and (nw % 4 or bn > 256):
+        raise ValueError(f"kernel_options['wgmma'] needs num_warps a multiple of 4 (whole "
+                         f"warpgroups) and block_n <= 256, but got num_warps={nw}, "
+                         f"block_n={bn}.")
+    if wgmma and not sim:
+        cc = _compute_capability()
+        if cc != (9, 0):
+            raise ValueError(f"kernel_options['wgmma'] needs an sm_90 GPU (H100, H200), but "
+                             f"this one has compute capability {cc}.")
+    if producer:
+        need = ws_shared_bytes(cache.head_size, nw, bn, stages or WS_STAGES, prefetch)
+        if fp8:
+            need += staging_bytes(cache.head_size, bn)
+    elif wgmma:
+        need = wgmma_shared_bytes(cache.head_size, nw, bn)
+    else:
+        need = prefill_tc.shared_bytes(cache.head_size, nw, bn, m_tiles)
+    if need > prefill_tc.MAX_SHARED_BYTES:
+        raise ValueError(f"tile of {rows * nw} rows x {bn} keys at head size "
+                         f"{cache.head_size} needs {need} bytes of shared memory, more "
+                         f"than {prefill_tc.MAX_SHARED_BYTES}.")
+    return hpb, bq, bn, nw, defaults
