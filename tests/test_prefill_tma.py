@@ -117,3 +117,30 @@ def test_whole_tiles_read_through_the_maps():
     out = plan.run(cuda.to_device(q), cuda.to_device(p.block_tables))
     check_attention(q, out.copy_to_host(), plan.lse.copy_to_host(),
                     *prefill_reference(p, q, k2, v2, causal=False, tensor_cores=p.dtype))
+
+
+@pytest.mark.parametrize("bad", [6, -1])
+def test_an_id_outside_the_pool_in_a_whole_tile_reads_block_zero(bad):
+    """With validation off, a block id outside the pool in a tile that goes by
+    boxes is read as block 0 and recorded, as on the ``cp.async`` path."""
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((6, 8, 1, 64)).astype(np.float16)
+    v = rng.standard_normal((6, 8, 1, 64)).astype(np.float16)
+    cache = pn.PagedKVCache.from_host(k, v)
+    q = cuda.to_device(rng.standard_normal((5, 2, 64)).astype(np.float16))
+    plan = pn.PrefillPlan(cache, [0, 5], [16], 2, causal=False, **TILING)   # one whole tile
+    table = np.array([[4, 0]], np.int32)
+    dt = cuda.to_device(table)
+
+    def run(entry):
+        table[0, 1] = entry
+        dt.copy_to_device(table)
+        return plan.run(q, dt).copy_to_host()
+
+    want, clean = run(0), run(5)
+    cache.check()
+    got = run(bad)
+    with pytest.raises(ValueError, match=rf"block_tables\[0, 1\] = {bad} \(validate=False\), "
+                                         r"outside \[0, 6\); it read block 0"):
+        cache.check()
+    assert np.array_equal(got, want) and not np.array_equal(got, clean)
