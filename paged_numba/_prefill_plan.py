@@ -159,6 +159,7 @@ def _kernel_options(kernel_options):
 
 # -- tilings -------------------------------------------------------------------
 
+
 def heads_per_block_of(group, value, default):
     """``heads_per_block`` (or ``default``): a power of two dividing ``group``."""
     hpb = _knob("heads_per_block", value, default)
@@ -166,6 +167,7 @@ def heads_per_block_of(group, value, default):
         raise ValueError(f"heads_per_block must be a power of two dividing the GQA group size "
                          f"{group}, but got {hpb}.")
     return hpb
+
 
 def cuda_core_tiling(cache, group, max_q, heads_per_block, block_q, block_n, num_warps):
     """``(heads_per_block, block_q, block_n, num_warps)`` of the CUDA-core
@@ -182,6 +184,7 @@ def cuda_core_tiling(cache, group, max_q, heads_per_block, block_q, block_n, num
                          f"size {cache.head_size} needs {need} bytes of shared memory, "
                          f"more than {SHARED_LIMIT}.")
     return hpb, bq, bn, nw
+
 
 def tc_tiling(cache, group, max_q, heads_per_block, block_q, block_n, num_warps, m_tiles,
               wgmma=False, producer=False, stages=None, auto=False, prefetch=False,

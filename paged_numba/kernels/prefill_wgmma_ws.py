@@ -467,10 +467,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         o[0, i, e] = 0.0
                 if PINGPONG and cwg == 1 and ntiles > 0 and (done == 0 or not PERSISTENT):
                     turn_arrive(TURN)           # warpgroup 0 issues first
-                boxed = int32(done + whole_tiles(kv_first, kv_hi))     # ring count
+                # the ring's count below which this item's tiles came by boxes
+                boxed_below = int32(done + whole_tiles(kv_first, kv_hi))
                 run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c,
                          pos0, nq, kv_first, kv_hi, ntiles, done, causal, window, iq, soft_cap,
-                         cap2, alibi, sc, plain, (cwg, bars, boxed))
+                         cap2, alibi, sc, plain, (cwg, bars, boxed_below))
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 if FP8:                 # V's codes' scale
