@@ -292,7 +292,8 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
             kern = plans[0]._decode
             regs = ("" if not hasattr(kern, "dispatcher") else
                     [getattr(k, "regs_per_thread", "") for k in kern.dispatcher.overloads.values()])
-            kind = "prefill tile" if plans[0]._group is not None else "decode kernel"
+            kind = ("decode kernel" if plans[0]._group is None else
+                    f"prefill tile ({plans[0]._group.kind})")
             rows.append(dict(impl="paged_numba", table=table_kind,
                              impl_detail=f"{kind}, heads_per_block={plans[0].heads_per_block}",
                              num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
@@ -411,6 +412,9 @@ def main():
     ap.add_argument("--heads-per-block", type=int, metavar="N",
                     help="DecodePlan(heads_per_block=N) for paged_numba (default: the plan's "
                          "choice; impl_detail says which kernel ran with how many)")
+    ap.add_argument("--group-kernel", choices=["tile", "wgmma"],
+                    help="DecodePlan(group_kernel=...) for paged_numba: the prefill tile that "
+                         "runs MQA and large groups")
     ap.add_argument("--tuning", action="store_true",
                     help="time kernel variants (v4 and tensor-core kernels, warps, ring depth) "
                          "on the headline shapes, print only")
@@ -459,8 +463,8 @@ def main():
     if args.grid == "full":
         return full_grid(args)
     todo = cases(args.grid)
-    plan_args = (None if args.heads_per_block is None
-                 else dict(heads_per_block=args.heads_per_block))
+    plan_args = {k: v for k, v in (("heads_per_block", args.heads_per_block),
+                                   ("group_kernel", args.group_kernel)) if v is not None} or None
     unknown = sorted(set(args.cases or []) - set(todo))
     if unknown:
         raise SystemExit(f"no case {unknown} in grid {args.grid!r}; it has {list(todo)}")

@@ -10,64 +10,107 @@ read once, and split-K (``split_k=True``) spreads a sequence's keys over
 partitions are. :func:`paged_numba.paged_decode` and
 :class:`paged_numba.DecodePlan` take this path by themselves where
 :func:`group_tile` says it applies.
+
+Two tiles can run it (``GroupDecode(kernel=...)``): ``"tile"``, the
+``mma.sync`` kernel with one warp of 16 heads (two for 32), whose own warps
+copy the keys; and ``"wgmma"`` (sm_90 GPUs), the producer kernel of
+:mod:`paged_numba.kernels.prefill_wgmma_ws` with one consumer warpgroup (64
+rows: the group's heads for one or more query positions, of which decode
+fills the first) and a producer warpgroup that keeps ``stages - 1`` K/V
+tiles in flight.
 """
 import numpy as np
 
 from . import _arrays, _launch, _simulator
-from .kernels import prefill_tc
+from .kernels import prefill_tc, prefill_wgmma_ws
 from .kernels.merge import merge_kernel
 
 MIN_GROUP = 32      # below, the decode kernels (8 heads a block) were faster on the H200
 MAX_TILE_HEADS = 32  # two warps of 16 rows
 BLOCK_N = 64        # keys a K/V tile
 PART_TILES = 4      # at least this many K/V tiles a part
+KERNELS = ("tile", "wgmma")
+DEFAULT_KERNEL = "tile"
+# keys a tile and ring stages of the "wgmma" tile (at head size 128 a 64-key
+# stage is 32 KB; the producer keeps two tiles' copies in flight)
+WGMMA_TILING = (64, prefill_wgmma_ws.STAGES)
+NAMED_MIN_GROUP = 16  # a kernel named by the caller: groups from 16
 
 
-def group_tile(cache, num_heads, tensor_cores=None):
+def group_tile(cache, num_heads, tensor_cores=None, kernel=None):
     """``heads_per_block`` of the prefill-tile decode for this cache and head
     count, or None where the decode kernels apply (``tensor_cores=False``, or
-    where :func:`tile_heads` says so).
+    where :func:`tile_heads` says so). ``kernel`` (``"tile"`` or ``"wgmma"``)
+    named by the caller also takes groups of 16 to the tile.
 
     >>> from paged_numba import PagedKVCache
     >>> mqa = PagedKVCache(num_blocks=2, block_size=16, num_kv_heads=1, head_size=64)
     >>> group_tile(mqa, 32), group_tile(mqa, 8), group_tile(mqa, 32, tensor_cores=False)
     (32, None, None)
+    >>> group_tile(mqa, 16), group_tile(mqa, 16, kernel="wgmma")
+    (None, 16)
     """
     if tensor_cores is False:
         return None
     return tile_heads(num_heads // cache.num_kv_heads, cache.head_size, cache.dtype.name,
-                      cache.layout)
+                      cache.layout, MIN_GROUP if kernel is None else NAMED_MIN_GROUP)
 
 
-def tile_heads(group, head_size, dtype, layout):
+def tile_heads(group, head_size, dtype, layout, min_group=MIN_GROUP):
     """Query heads a prefill tile takes in decode: the largest power of two
     dividing the GQA group, at most ``MAX_TILE_HEADS``; None where that is
-    below ``MIN_GROUP`` (the decode kernels' 8 heads a block do as well) or the
-    tensor-core prefill kernel does not take the cache.
+    below ``min_group`` (by default ``MIN_GROUP``: the decode kernels' 8 heads
+    a block do as well) or the tensor-core prefill kernel does not take the
+    cache.
 
     >>> tile_heads(32, 128, "float16", "nhd"), tile_heads(64, 128, "bfloat16", "vllm")
     (32, 32)
     >>> tile_heads(24, 128, "float16", "nhd"), tile_heads(16, 128, "float32", "nhd")
     (None, None)
     """
-    if group < MIN_GROUP or not prefill_tc.supports(head_size, dtype, layout):
+    if group < min_group or not prefill_tc.supports(head_size, dtype, layout):
         return None
     hpb = 1
     while hpb * 2 <= min(group, MAX_TILE_HEADS) and group % (hpb * 2) == 0:
         hpb *= 2
-    return hpb if hpb >= MIN_GROUP else None
+    return hpb if hpb >= min_group else None
 
 
-def group_parts(num_seqs, num_head_blocks, max_context, sm_count):
-    """Split-K parts: about two thread blocks a multiprocessor (one wave; at 64
-    x 4096 MQA on the H200 4 parts took 64.7 us, 9 and 16 parts 73.5 and 71.4),
-    each part at least ``PART_TILES`` K/V tiles.
+def group_kernel(cache, kernel=None):
+    """The tile that runs group decode over ``cache``: ``kernel`` if given
+    (``"wgmma"`` where the producer kernel does not take the cache or the GPU
+    is not sm_90 raises), else ``DEFAULT_KERNEL``."""
+    if kernel is None:
+        return DEFAULT_KERNEL
+    if kernel not in KERNELS:
+        raise ValueError(f"group_kernel must be one of {KERNELS}, but got {kernel!r}")
+    if kernel == "wgmma":
+        ok = (cache.head_size in (64, 128) and cache.layout != "vllm"
+              and cache.dtype.name in ("float16", "bfloat16"))
+        if ok and not _simulator.simulator_enabled():
+            from numba import cuda
+            ok = tuple(cuda.get_current_device().compute_capability) == (9, 0)
+        if not ok:
+            raise ValueError(f"group_kernel='wgmma' needs a float16/bfloat16 cache of head size "
+                             f"64 or 128 in a layout other than 'vllm', on an sm_90 GPU, but got "
+                             f"{cache.dtype.name}, head_size={cache.head_size}, "
+                             f"layout={cache.layout!r}")
+    return kernel
+
+
+def group_parts(num_seqs, num_head_blocks, max_context, sm_count, kernel="tile"):
+    """Split-K parts: about one wave of thread blocks (two a multiprocessor for
+    ``"tile"``: at 64 x 4096 MQA on the H200 4 parts took 64.7 us, 9 and 16
+    parts 73.5 and 71.4; one for ``"wgmma"``, whose shared memory takes a
+    multiprocessor's), each part at least ``PART_TILES`` K/V tiles.
 
     >>> group_parts(64, 1, 4096, 132), group_parts(1, 1, 32768, 132), group_parts(512, 2, 512, 132)
     (4, 128, 1)
+    >>> group_parts(64, 1, 4096, 132, "wgmma")
+    2
     """
     blocks = max(num_seqs * num_head_blocks, 1)
-    want = 2 * sm_count // blocks
+    want = (1 if kernel == "wgmma" else 2) * sm_count // blocks
     most = max(1, max_context // (BLOCK_N * PART_TILES))
     return int(max(1, min(want, most)))
 
@@ -81,19 +124,36 @@ class GroupDecode:
 
     BLOCK_N = BLOCK_N
 
-    def __init__(self, cache, num_seqs, num_heads, hpb, num_parts, scale, variants, out, lse):
+    def __init__(self, cache, num_seqs, num_heads, hpb, num_parts, scale, variants, out, lse,
+                 kernel=None):
         self.cache, self.num_seqs, self.num_heads = cache, num_seqs, num_heads
         self.heads_per_block, self.num_parts = hpb, num_parts
-        if _simulator.simulator_enabled():
-            # one warp and 16-key tiles: the GPU's tile costs minutes on the simulator
-            hpb, block_n = min(hpb, 16), 16
+        kernel = DEFAULT_KERNEL if kernel is None else kernel
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, but got {kernel!r}")
+        self.kind = kernel
+        sim = _simulator.simulator_enabled()
+        if kernel == "wgmma":
+            # one consumer warpgroup: 64 rows, the heads of each query position
+            block_n, stages = (16, prefill_wgmma_ws.STAGES) if sim else WGMMA_TILING
+            self.num_warps = 4
+            self.kernel = prefill_wgmma_ws.prefill_wgmma_ws_kernel(
+                cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
+                4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages)
+            self.threads = self.kernel.block_threads
         else:
-            block_n = BLOCK_N
-        self.heads_per_block = hpb
-        self.num_warps = max(1, hpb // 16)
-        self.kernel = prefill_tc.prefill_tc_kernel(
-            cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
-            self.num_warps, fast_exp2=True, split_k=num_parts > 1)
+            if sim:
+                # one warp and 16-key tiles: the GPU's tile costs minutes on the simulator
+                hpb, block_n = min(hpb, 16), 16
+            else:
+                block_n = BLOCK_N
+            self.heads_per_block = hpb
+            self.num_warps = max(1, hpb // 16)
+            self.kernel = prefill_tc.prefill_tc_kernel(
+                cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
+                self.num_warps, fast_exp2=True, split_k=num_parts > 1)
+            self.threads = 32 * self.num_warps
+        self.block_n = block_n
         self.grid = (num_seqs, num_heads // hpb, num_parts)
         self.out, self.lse = out, lse
         n, d = num_seqs, cache.head_size
@@ -129,7 +189,7 @@ class GroupDecode:
         args = (part_out, part_lse, q, c.key_cache, c.value_cache, tables,
                 *self._fixed, lens, *self._tiles, self._scale, np.int32(0), *self._variants,
                 c.errors)
-        main = _launch.PackedLaunch(self.kernel, self.grid, 32 * self.num_warps, args)
+        main = _launch.PackedLaunch(self.kernel, self.grid, self.threads, args)
         return [main] + ([merge] if merge is not None else [])
 
     @property

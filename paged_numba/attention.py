@@ -5,6 +5,7 @@ from . import _arrays, _launch
 from . import _checks as C
 from . import _validate as V
 from ._group_decode import GroupDecode, group_parts, group_tile
+from ._group_decode import group_kernel as group_kernel_of
 from .cache import kernel_scales
 from .interop import LikeInput, Results, plan_buffer
 from .interop import overlaps as _overlaps
@@ -144,7 +145,8 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     tile = group_tile(cache, num_heads)
     if tile is not None:       # MQA and groups of 32 or more: the prefill tile
         parts = group_parts(num_seqs, num_heads // tile, tables.shape[1] * cache.block_size,
-                            _arrays.sm_count()) if num_partitions is None else C.integer(
+                            _arrays.sm_count(), group_kernel_of(cache)) if (
+                                num_partitions is None) else C.integer(
                                 "num_partitions", num_partitions, lo=1, hi=V.MAX_GRID_YZ)
         if num_seqs:
             for launch in GroupDecode(cache, num_seqs, num_heads, tile, parts, scale, variants,
@@ -272,6 +274,11 @@ class DecodePlan:
         tensor-core kernel with P @ V on tensor cores: all 16 rows of its
         ``mma``, so each K/V byte of the group is read once instead of twice.
         Given, it also keeps MQA and groups of 32 or more on the decode kernels.
+    group_kernel : {"tile", "wgmma"}, optional
+        The prefill tile that runs MQA and large groups (below): ``"tile"``
+        (``mma.sync``, its warps copying the keys) or ``"wgmma"`` (sm_90: one
+        consumer warpgroup and a producer warpgroup). Named, it also takes
+        groups of 16 to that tile. Default: ``"tile"``.
 
     MQA and GQA groups of 32 or more query heads run on the tensor-core
     prefill tile with split-K (``paged_numba._group_decode``) wherever it
@@ -303,7 +310,7 @@ class DecodePlan:
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
                  tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None,
-                 heads_per_block=None):
+                 heads_per_block=None, group_kernel=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
@@ -323,9 +330,11 @@ class DecodePlan:
         self._like = LikeInput()
         self._decode = self._graph = self._group = None
         max_context = max(self.max_blocks * cache.block_size, 1)
-        tile = group_tile(cache, num_heads, C.optional_flag("tensor_cores", tensor_cores))
+        kernel = group_kernel_of(cache, group_kernel)
+        tile = group_tile(cache, num_heads, C.optional_flag("tensor_cores", tensor_cores),
+                          group_kernel)
         if tile is not None and heads_per_block is None:   # MQA, groups of 32 or more: the prefill tile
-            self._plan_group(tile, num_partitions, max_context)
+            self._plan_group(tile, num_partitions, max_context, kernel)
             return
         self.heads_per_block = hpb = _heads_per_block(
             heads_per_block, num_heads // cache.num_kv_heads, cache, tensor_cores, pv_mma)
@@ -349,18 +358,18 @@ class DecodePlan:
                                             (self.out, self.lse, self.part_out, self.part_lse))
                        if p > 1 and n else None)
 
-    def _plan_group(self, tile, num_partitions, max_context):
+    def _plan_group(self, tile, num_partitions, max_context, kernel):
         n, h, d = self.num_seqs, self.num_heads, self.cache.head_size
-        parts = group_parts(n, h // tile, max_context, _arrays.sm_count()) if (
+        parts = group_parts(n, h // tile, max_context, _arrays.sm_count(), kernel) if (
             num_partitions is None) else C.integer("num_partitions", num_partitions, lo=1,
                                                    hi=V.MAX_GRID_YZ)
         self.heads_per_block, self.num_partitions, self.tensor_cores = tile, parts, True
-        tiles = -(-max_context // GroupDecode.BLOCK_N)
-        self.partition_size = -(-tiles // parts) * GroupDecode.BLOCK_N   # keys of a part, at most
         self.out = _arrays.zeros((n, h, d), self.cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)
         self._group = GroupDecode(self.cache, n, h, tile, parts, self.scale, self._variants,
-                                  self.out, self.lse)
+                                  self.out, self.lse, kernel=kernel)
+        bn = self._group.block_n
+        self.partition_size = -(-(-(-max_context // bn)) // parts) * bn   # keys of a part, at most
         self.heads_per_block, self.num_warps = self._group.heads_per_block, self._group.num_warps
         self._merge = self._group.merge
         self.part_out, self.part_lse = self._group.part_out, self._group.part_lse

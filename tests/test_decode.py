@@ -625,3 +625,30 @@ def test_large_group_decode_on_the_prefill_tile(p, num_partitions, variants):
     got = plan.run(cuda.to_device(host_bits(q)), cuda.to_device(p.block_tables),
                    cuda.to_device(p.seq_lens)).copy_to_host()
     assert np.array_equal(got.view(np.uint16), np.asarray(out).view(np.uint16))
+
+
+@pytest.mark.parametrize("kernel", ["tile", "wgmma"])
+@settings(max_examples=2) if SIM else (lambda f: f)
+@given(data=st.data())
+def test_group_decode_kernels_match_reference(kernel, data):
+    """Either prefill tile named by ``DecodePlan(group_kernel=...)`` (which
+    takes groups of 16 too) agrees with the float64 reference within the
+    prefill tile's bound, split or not."""
+    from paged_numba import _arrays
+    p = data.draw(decode_problems(head_sizes=(64,) if SIM else (64, 128), block_sizes=(8, 16),
+                                  layouts=("nhd", "hnd", "interleaved"),
+                                  dtypes=("float16", "bfloat16"), groups=(16, 32), max_kv_heads=2,
+                                  max_seqs=3, max_seq_len=70 if SIM else 3000), label="problem")
+    extra = data.draw(variants(p.num_heads, max_window=int(p.seq_lens.max()) + 2), label="variants")
+    parts = data.draw(st.one_of(st.none(), st.integers(1, 3)), label="num_partitions")
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
+    plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks, num_partitions=parts,
+                         group_kernel=kernel, **extra)
+    assert plan._group is not None and plan._group.kind == kernel
+    dev = [_arrays.as_device(a, name)[0] for a, name in
+           ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
+    out = _arrays.to_host(plan.run(*dev), cache.dtype)
+    check_attention(q, out, plan.lse.copy_to_host(),
+                    *decode_reference(p, q, k, v, num_partitions=plan.num_partitions,
+                                      group_kernel=kernel, **extra))

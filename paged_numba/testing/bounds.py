@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .._group_decode import tile_heads
+from .._group_decode import NAMED_MIN_GROUP, tile_heads
 from ..kernels import decode_tc
 from ..fp8 import is_fp8
 from ..kernels.decode import heads_per_block
@@ -168,7 +168,8 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
     return bound, e_s + g + U32 * np.abs(lse)
 
 
-def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None, **variants):
+def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None,
+                  group_kernel=None, **variants):
     """:func:`attention_error_bound` for every sequence of a :class:`DecodeProblem`.
 
     Merges counted: one per token (the decode kernel rescales its running
@@ -199,6 +200,9 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     num_partitions : int, optional
     pv_mma : bool, optional
         The tensor-core kernel's variant given to ``paged_decode`` (default True).
+    group_kernel : {"tile", "wgmma"}, optional
+        As given to :class:`~paged_numba.DecodePlan`: named, groups of 16 run
+        on the prefill tile too (either tile: the same arithmetic).
     **variants
         As in :func:`attention_error_bound`.
 
@@ -231,7 +235,8 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     mma_dtype = str(problem.query_dtype) if fp8 else problem.dtype
     tc = decode_tc.supports(problem.head_size, hpb, problem.dtype, problem.layout, mma_dtype)
     # MQA and groups of 32 or more run on the tensor-core prefill tile: its bound
-    tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout)
+    tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout,
+                      *(() if group_kernel is None else (NAMED_MIN_GROUP,)))
     dot_u = TENSOR_CORE_U if tc else U32
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
