@@ -8,7 +8,9 @@ count ``P``, one process, random block tables.
 ``--parts 0`` is the plan's own choice; kernel ``default`` is the plan's
 without ``group_kernel`` (the 16-head decode kernel for groups of 16);
 ``--wgmma-tilings 64x4 128x3`` times the ``"wgmma"`` tile with those keys a
-tile and ring stages (``_group_decode.WGMMA_TILING``).
+tile and ring stages (``_group_decode.WGMMA_TILING``), and ``--fused-merge``
+adds it with the split-K merge inside the kernel
+(``_group_decode.WGMMA_FUSED_MERGE``).
 """
 import argparse
 import os
@@ -27,6 +29,7 @@ def main():
                     choices=["default", "tile", "wgmma"])
     ap.add_argument("--parts", nargs="+", type=int, default=[0, 1, 2, 4])
     ap.add_argument("--wgmma-tilings", nargs="+", default=["64x4"], metavar="NxS")
+    ap.add_argument("--fused-merge", action="store_true")
     ap.add_argument("--head-size", type=int, default=128)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=30)
@@ -42,9 +45,13 @@ def main():
               f"{sdpa['gbps']:.0f} GB/s", flush=True)
         runs = [(k, None) for k in args.kernels if k != "wgmma"]
         runs += [("wgmma", t) for t in args.wgmma_tilings if "wgmma" in args.kernels]
+        runs += [("wgmma", t + "+merge") for t in args.wgmma_tilings
+                 if "wgmma" in args.kernels and args.fused_merge]
         for kernel, tiling in runs:
             if tiling is not None:
-                _group_decode.WGMMA_TILING = tuple(int(x) for x in tiling.split("x"))
+                _group_decode.WGMMA_FUSED_MERGE = tiling.endswith("+merge")
+                _group_decode.WGMMA_TILING = tuple(
+                    int(x) for x in tiling.removesuffix("+merge").split("x"))
             rows = bench_config(*cfg, tables=("random",), sdpa=False, reps=args.reps,
                                 partitions=parts,
                                 tuning=None if kernel == "default" else dict(group_kernel=kernel))

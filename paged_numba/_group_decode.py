@@ -24,6 +24,7 @@ import numpy as np
 from . import _arrays, _launch, _simulator
 from .kernels import prefill_tc, prefill_wgmma_ws
 from .kernels.merge import merge_kernel
+from .kernels.merge_tail import merge_tail_bytes
 
 MIN_GROUP = 32      # below, the decode kernels (8 heads a block) were faster on the H200
 MAX_TILE_HEADS = 32  # two warps of 16 rows
@@ -34,6 +35,9 @@ DEFAULT_KERNEL = "tile"
 # keys a tile and ring stages of the "wgmma" tile (at head size 128 a 64-key
 # stage is 32 KB; the producer keeps two tiles' copies in flight)
 WGMMA_TILING = (64, prefill_wgmma_ws.STAGES)
+# the "wgmma" tile's split-K merge by the last part of each item, in the kernel
+# (kernels.merge_tail) rather than by a second launch; an experiment's knob
+WGMMA_FUSED_MERGE = False
 NAMED_MIN_GROUP = 16  # a kernel named by the caller: groups from 16
 
 
@@ -132,14 +136,19 @@ class GroupDecode:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, but got {kernel!r}")
         self.kind = kernel
+        fused = False
         sim = _simulator.simulator_enabled()
         if kernel == "wgmma":
             # one consumer warpgroup: 64 rows, the heads of each query position
             block_n, stages = (16, prefill_wgmma_ws.STAGES) if sim else WGMMA_TILING
             self.num_warps = 4
+            fused = (WGMMA_FUSED_MERGE and num_parts > 1
+                     and merge_tail_bytes(hpb * (64 // hpb), num_parts) <= prefill_wgmma_ws
+                     .ws_shared_bytes(cache.head_size, 4, block_n, stages))
             self.kernel = prefill_wgmma_ws.prefill_wgmma_ws_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
-                4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages)
+                4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages,
+                merge_parts=fused)
             self.threads = self.kernel.block_threads
         else:
             if sim:
@@ -168,7 +177,11 @@ class GroupDecode:
                        _arrays.as_device(np.zeros(n, np.int32), "tile_q0")[0])
         self._scale, self._variants = np.float32(scale), variants
         self.merge = None
-        if num_parts > 1 and num_seqs:
+        self.fused_merge = fused
+        self._tickets = ()
+        if fused:       # the kernel's last part of each item merges: no merge launch
+            self._tickets = (_arrays.zeros(num_seqs * (num_heads // hpb), np.int32),)
+        elif num_parts > 1 and num_seqs:
             self.merge = _launch.PackedLaunch(merge_kernel(cache.dtype.name),
                                               (num_heads, num_seqs), 128,
                                               (out, lse, self.part_out, self.part_lse))
@@ -182,6 +195,8 @@ class GroupDecode:
         part_out, part_lse, merge = self.part_out, self.part_lse, self.merge
         if self.num_parts == 1:
             part_out, part_lse = out, lse
+        elif self.fused_merge:
+            merge = None
         elif merge is not None and (out is not self.out or lse is not self.lse):
             merge = _launch.PackedLaunch(merge_kernel(c.dtype.name), (self.num_heads,
                                                                       self.num_seqs), 128,
@@ -189,6 +204,8 @@ class GroupDecode:
         args = (part_out, part_lse, q, c.key_cache, c.value_cache, tables,
                 *self._fixed, lens, *self._tiles, self._scale, np.int32(0), *self._variants,
                 c.errors)
+        if self.fused_merge:
+            args += (out, lse, *self._tickets)
         main = _launch.PackedLaunch(self.kernel, self.grid, self.threads, args)
         return [main] + ([merge] if merge is not None else [])
 

@@ -652,3 +652,35 @@ def test_group_decode_kernels_match_reference(kernel, data):
     check_attention(q, out, plan.lse.copy_to_host(),
                     *decode_reference(p, q, k, v, num_partitions=plan.num_partitions,
                                       group_kernel=kernel, **extra))
+
+
+def test_wgmma_group_decode_merges_in_the_kernel_bit_for_bit(monkeypatch):
+    """With ``_group_decode.WGMMA_FUSED_MERGE`` the last part of each item
+    merges inside the kernel (one launch): the same bits as the merge kernel,
+    launch after launch on new queries (the tickets go back to zero), an empty
+    sequence included."""
+    from paged_numba import _arrays, _group_decode
+    rng = np.random.default_rng(11)
+    p = _problem([70, 0, 33], [[3, 0, 6, 2, 9], [-1] * 5, [1, 8, 4, -1, -1]], 16,
+                 head_size=64, num_heads=32, num_kv_heads=2)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
+    tables, lens = (_arrays.as_device(a, n)[0] for a, n in
+                    ((p.block_tables, "block_tables"), (p.seq_lens, "seq_lens")))
+    queries = [q, rng.standard_normal(q.shape).astype(q.dtype)]
+    got = {}
+    for fused in (False, True):
+        monkeypatch.setattr(_group_decode, "WGMMA_FUSED_MERGE", fused)
+        plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks, num_partitions=3,
+                             group_kernel="wgmma")
+        assert plan._group.fused_merge == fused and (plan._merge is None) == fused
+        got[fused] = []
+        for qq in queries:
+            out = plan.run(_arrays.as_device(qq, "query")[0], tables, lens).copy_to_host()
+            got[fused].append((out.view(np.uint16), plan.lse.copy_to_host()))
+        if fused:
+            assert not plan._group._tickets[0].copy_to_host().any()
+    for (a, a_lse), (b, b_lse) in zip(got[False], got[True]):
+        assert np.array_equal(a, b) and np.array_equal(a_lse, b_lse)
+    assert np.isneginf(got[True][1][1][1]).all()
+    assert not np.array_equal(got[True][0][0], got[True][1][0])

@@ -53,38 +53,17 @@ from .prefill_items import item_parts
 from .prefill_ring import ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
-from .prefill_tc_tiling import MAX_SHARED_BYTES, supports
+from .prefill_tc_tiling import MAX_SHARED_BYTES
 from .prefill_tma import tma_parts
 from .prefill_wgmma import key_loop, product_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
+from .merge_tail import merge_tail_parts
+from .prefill_ws_options import (  # noqa: F401  (register_split, REGISTER_POOL: as before)
+    CONSUMER_REGS, PERSISTENT_REGS, PRODUCER_REGS, REGISTER_POOL, check_options, register_split)
 
 STAGES = 4            # K/V tiles in the ring
 PRODUCER_THREADS = 128
-# setmaxnreg moves registers within the block's launch allocation: 384 threads
-# start with 168 registers each (65536 / 384, rounded down to a multiple of 8),
-# so 128 x producer + 256 x consumer may not pass 168 x 384 = 64512 (more hangs)
-REGISTER_POOL = 168 * 384
-PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 64512
-# a persistent block's producer keeps its item's state across the ring's tiles:
-# 40 registers spill it (228 bytes with 64-key tiles, ptxas 13.0), 64 do not,
-# nor 216 the consumers'
-PERSISTENT_REGS = 64, 216
-
-
-def register_split(producer_registers):
-    """``(producer, consumer)`` registers a thread of the 8-consumer-warp
-    kernel: the consumers take the most (a multiple of 8, at most 256) that
-    the pool leaves them.
-
-    >>> [register_split(p) for p in (40, 48, 56, 64)]
-    [(40, 232), (48, 224), (56, 224), (64, 216)]
-    """
-    p = int(producer_registers)
-    if p % 8 or not 24 <= p <= 160:
-        raise ValueError(f"producer_registers must be a multiple of 8 from 24 to 160, but got "
-                         f"{producer_registers!r}")
-    return p, min(256, (REGISTER_POOL - 128 * p) // 256 // 8 * 8)
 
 
 def ws_shared_bytes(head_size, num_warps, block_n, stages=STAGES, prefetch_queries=False):
@@ -107,7 +86,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             stages=STAGES, pingpong=False, persistent=False, guard=True,
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
-                            split_halves=False, mbarriers=False, tensor_maps=False):
+                            split_halves=False, mbarriers=False, tensor_maps=False,
+                            merge_parts=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -178,46 +158,19 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     valid go through the copy engine, one thread issuing a box copy a page
     and 128-byte column group (:mod:`kernels.prefill_tma`); the others as
     before. The kernel then takes the pools' tensor maps (``key_map,
-    value_map``: :func:`kernels.prefill_tma.pool_maps`) last."""
-    if not supports(head_size, dtype, layout):
-        raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
-                         f"{layout}")
+    value_map``: :func:`kernels.prefill_tma.pool_maps`) last.
+
+    ``merge_parts=True`` (with ``split_k``, not ``persistent``, fp8 or
+    ``tensor_maps``): the last part of each item to finish merges the item's
+    partial states (:mod:`kernels.merge_tail`), so no merge kernel follows.
+    The kernel then takes ``final_out [rows, num_heads, head_size]`` (the
+    output dtype), ``final_lse [rows, num_heads]`` float32 and ``tickets
+    [tiles * head blocks]`` int32 (zeros; left zero) last; ``out`` and
+    ``lse`` are the partial states as with ``split_k``."""
+    check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
+                  pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
+                  split_halves, mbarriers, tensor_maps, merge_parts)
     FP8 = kv_dtype is not None
-    if FP8 and prefetch_queries:
-        raise ValueError("an fp8 cache's staging ring takes the place of prefetch_queries' "
-                         "second query buffer: not both")
-    if num_warps not in (4, 8) or not 16 <= block_n <= 256 or block_n % 16:
-        raise ValueError(f"the producer kernel needs num_warps 4 or 8 (consumer warpgroups) and "
-                         f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
-                         f"block_n={block_n}")
-    # 3 at least: the producer publishes tile j - 1 only after claiming the stage of
-    # tile j, which the consumers free after tile j - 1 with 2 stages (a deadlock);
-    # 7 at most: two named barriers a stage, 15 besides __syncthreads'
-    if not 3 <= stages <= 7:
-        raise ValueError(f"the producer kernel takes 3 to 7 stages, but got stages={stages}")
-    if pingpong and (num_warps != 8 or stages > 4):
-        raise ValueError(f"pingpong needs two consumer warpgroups (num_warps=8) and at most 4 "
-                         f"stages, but got num_warps={num_warps}, stages={stages}")
-    if prefetch_queries and (not persistent or split_k):
-        raise ValueError(f"prefetch_queries=True needs persistent=True and no split-K, but got "
-                         f"persistent={persistent}, split_k={split_k}")
-    if prefetch_ranges and not persistent:
-        raise ValueError("prefetch_ranges=True needs persistent=True (a block's next item)")
-    if timeline and not persistent:
-        raise ValueError("timeline=True needs persistent=True (it stamps a block's items)")
-    if persistent and not pingpong:
-        raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
-                         "reuse of their query rows)")
-    if mbarriers and (not pingpong or kv_dtype is not None):
-        raise ValueError(f"mbarriers=True needs pingpong=True (its turns order the warpgroups' "
-                         f"query rows) and no fp8 cache (whose producer widens the tiles "
-                         f"itself), but got pingpong={pingpong}, kv_dtype={kv_dtype!r}")
-    if split_halves and not swizzle:
-        raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
-    if tensor_maps and not (split_halves and mbarriers):
-        raise ValueError(f"tensor_maps=True needs split_halves=True (the layout the boxes land "
-                         f"in) and mbarriers=True (which count their bytes), but got "
-                         f"split_halves={split_halves}, mbarriers={mbarriers}")
     STAGES = int(stages)
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
@@ -280,6 +233,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         raise ValueError(f"{'fp8 staging' if FP8 else 'prefetch_queries'} needs {DYNAMIC_BYTES} "
                          f"bytes of shared memory, more than {MAX_SHARED_BYTES}: fewer stages "
                          f"or a smaller block_n")
+    MERGE = bool(merge_parts)
+    merge_tail = (merge_tail_parts(heads_per_block, D, NTHREADS, dtype).merge_tail if MERGE
+                  else None)
     R = ring_parts(STAGES, PINGPONG, PERSISTENT, MBAR, MBAR_AT, NTHREADS)
     acquire, release, take_turn, pass_turn, publish = (R.acquire, R.release, R.take_turn,
                                                        R.pass_turn, R.publish)
@@ -315,7 +271,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     @cuda_function
     def body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
              tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-             kv_scales, maps):
+             kv_scales, maps, merged):
         tid = int32(cuda.threadIdx.x)
         num_heads = query.shape[1]
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]
@@ -323,6 +279,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         num_rounds, items = rounds(tile_seq.shape[0], num_heads)
         sm = cuda.shared.array(0, SMEM_T, alignment=ALIGN)
         words = cuda.shared.array(0, uint32, alignment=ALIGN)    # the same memory
+        fwords = cuda.shared.array(0, float32, alignment=ALIGN)  # (MERGE: its weights)
         bars = cuda.shared.array(0, uint64, alignment=ALIGN)     # (MBAR: from MBAR_AT)
         if MBAR:
             if tid == 0:
@@ -337,6 +294,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             tid_slot = kv_slot(0, row_of(tid), chunk_of(tid))
             done = int32(0)             # tiles of the ring so far
             nx = cuda.local.array(2, int32)     # the next item's range, read ahead
+            mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
             for rnd in range(num_rounds):
                 tile, h0, real = work_item(rnd, items, num_heads)
                 if real:
@@ -351,6 +309,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
                         window, tables)
                     next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
+                    if MERGE:
+                        mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
                     last = int32(kv_hi - 1)
                     boxed = whole_tiles(kv_first, kv_hi)     # its first tiles by boxes
                     mark(errors, rnd, 0, 1, tid)
@@ -395,6 +355,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             if PERSISTENT:              # the releases of the last tiles
                 for g in range(max(done - STAGES, 0), done):
                     bar_sync(EMPTY + g % STAGES)
+            if MERGE:
+                merge_tail(out, lse, merged[0], merged[1], merged[2], words, fwords, tid,
+                           mrows[0], mrows[1], mrows[2], mrows[3])
             return
 
         if MOVE_REGS:
@@ -422,6 +385,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
         have = False            # its queries were started by the previous item
         nx = cuda.local.array(2, int32)     # the next item's range, read ahead
+        mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
             if real:
@@ -489,8 +453,13 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 done += ntiles
                 if PREFETCH:
                     par = int32(1 - par)
+                if MERGE:
+                    mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
         if PERSISTENT and cwg == 0 and done > 0:
             turn_sync(TURN)             # warpgroup 1's last products passed a turn
+        if MERGE:
+            merge_tail(out, lse, merged[0], merged[1], merged[2], words, fwords, tid,
+                       mrows[0], mrows[1], mrows[2], mrows[3])
 
     if FP8:
         @jit
@@ -500,7 +469,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                           kv_scales):
             body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
                  tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-                 kv_scales, None)
+                 kv_scales, None, None)
     elif TMAPS:
         @jit
         def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
@@ -509,7 +478,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                           key_map, value_map):
             body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
                  tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-                 alibi_slopes, (key_map, value_map))      # no scales: never read
+                 alibi_slopes, (key_map, value_map), None)      # no scales: never read
+    elif MERGE:
+        @jit
+        def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
+                                          cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale,
+                                          causal, alibi_slopes, soft_cap, window, errors,
+                                          final_out, final_lse, tickets):
+            body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
+                 tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
+                 alibi_slopes, None, (final_out, final_lse, tickets))     # no scales: never read
     else:
         @jit
         def paged_prefill_wgmma_ws_kernel(out, lse, query, key_cache, value_cache, block_tables,
@@ -517,7 +495,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                           causal, alibi_slopes, soft_cap, window, errors):
             body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
                  tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
-                 alibi_slopes, None)     # no scales: never read
+                 alibi_slopes, None, None)     # no scales: never read
 
     paged_prefill_wgmma_ws_kernel.dynamic_shared_bytes = DYNAMIC_BYTES
     paged_prefill_wgmma_ws_kernel.block_threads = NTHREADS

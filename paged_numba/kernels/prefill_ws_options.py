@@ -1,0 +1,80 @@
+"""The options of the warp-specialised prefill kernel
+(:func:`kernels.prefill_wgmma_ws.prefill_wgmma_ws_kernel`): which combinations
+it takes, and how the block's registers are split between its producer and
+consumer warpgroups."""
+from .prefill_tc_tiling import supports
+
+
+# setmaxnreg moves registers within the block's launch allocation: 384 threads
+# start with 168 registers each (65536 / 384, rounded down to a multiple of 8),
+# so 128 x producer + 256 x consumer may not pass 168 x 384 = 64512 (more hangs)
+REGISTER_POOL = 168 * 384
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128 x 40 + 256 x 232 = 64512
+# a persistent block's producer keeps its item's state across the ring's tiles:
+# 40 registers spill it (228 bytes with 64-key tiles, ptxas 13.0), 64 do not,
+# nor 216 the consumers'
+PERSISTENT_REGS = 64, 216
+
+
+def register_split(producer_registers):
+    """``(producer, consumer)`` registers a thread of the 8-consumer-warp
+    kernel: the consumers take the most (a multiple of 8, at most 256) that
+    the pool leaves them.
+
+    >>> [register_split(p) for p in (40, 48, 56, 64)]
+    [(40, 232), (48, 224), (56, 224), (64, 216)]
+    """
+    p = int(producer_registers)
+    if p % 8 or not 24 <= p <= 160:
+        raise ValueError(f"producer_registers must be a multiple of 8 from 24 to 160, but got "
+                         f"{producer_registers!r}")
+    return p, min(256, (REGISTER_POOL - 128 * p) // 256 // 8 * 8)
+
+
+def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
+                  pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
+                  split_halves, mbarriers, tensor_maps, merge_parts):
+    """Raise ``ValueError`` naming the option for a combination the producer
+    kernel does not take (its factory's arguments, as given there)."""
+    if not supports(head_size, dtype, layout):
+        raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
+                         f"{layout}")
+    if kv_dtype is not None and prefetch_queries:
+        raise ValueError("an fp8 cache's staging ring takes the place of prefetch_queries' "
+                         "second query buffer: not both")
+    if num_warps not in (4, 8) or not 16 <= block_n <= 256 or block_n % 16:
+        raise ValueError(f"the producer kernel needs num_warps 4 or 8 (consumer warpgroups) and "
+                         f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
+                         f"block_n={block_n}")
+    # 3 at least: the producer publishes tile j - 1 only after claiming the stage of
+    # tile j, which the consumers free after tile j - 1 with 2 stages (a deadlock);
+    # 7 at most: two named barriers a stage, 15 besides __syncthreads'
+    if not 3 <= stages <= 7:
+        raise ValueError(f"the producer kernel takes 3 to 7 stages, but got stages={stages}")
+    if pingpong and (num_warps != 8 or stages > 4):
+        raise ValueError(f"pingpong needs two consumer warpgroups (num_warps=8) and at most 4 "
+                         f"stages, but got num_warps={num_warps}, stages={stages}")
+    if prefetch_queries and (not persistent or split_k):
+        raise ValueError(f"prefetch_queries=True needs persistent=True and no split-K, but got "
+                         f"persistent={persistent}, split_k={split_k}")
+    if prefetch_ranges and not persistent:
+        raise ValueError("prefetch_ranges=True needs persistent=True (a block's next item)")
+    if timeline and not persistent:
+        raise ValueError("timeline=True needs persistent=True (it stamps a block's items)")
+    if persistent and not pingpong:
+        raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
+                         "reuse of their query rows)")
+    if mbarriers and (not pingpong or kv_dtype is not None):
+        raise ValueError(f"mbarriers=True needs pingpong=True (its turns order the warpgroups' "
+                         f"query rows) and no fp8 cache (whose producer widens the tiles "
+                         f"itself), but got pingpong={pingpong}, kv_dtype={kv_dtype!r}")
+    if split_halves and not swizzle:
+        raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
+    if merge_parts and (not split_k or persistent or kv_dtype is not None or tensor_maps):
+        raise ValueError(f"merge_parts=True needs split_k=True and not persistent, fp8 or "
+                         f"tensor_maps, but got split_k={split_k}, persistent={persistent}, "
+                         f"kv_dtype={kv_dtype!r}, tensor_maps={tensor_maps}")
+    if tensor_maps and not (split_halves and mbarriers):
+        raise ValueError(f"tensor_maps=True needs split_halves=True (the layout the boxes land "
+                         f"in) and mbarriers=True (which count their bytes), but got "
+                         f"split_halves={split_halves}, mbarriers={mbarriers}")
