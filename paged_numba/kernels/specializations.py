@@ -176,6 +176,15 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     yield (f"prefill_tc hs=128 float16 hnd hpb=4 bn=64 warps=8 {tm}",
            prefill_tc_kernel(128, 16, 4, 64, "float16", "hnd", 8, **tm),
            prefill_signature("float16", "hnd", tensor_maps=True))
+    # MQA decode on the producer kernel (one consumer warpgroup, 32 heads), split,
+    # its last part of each item merging the partial states (kernels.merge_tail)
+    from .prefill_wgmma_ws import prefill_wgmma_ws_kernel
+    sig = prefill_signature("float16", "nhd")
+    split_sig = (_arr("float32", 4), _arr("float32", 3)) + sig[2:] + (
+        _arr("float16", 3), _arr("float32", 2), _arr("int32", 1))
+    yield ("prefill_wgmma_ws hs=128 float16 nhd hpb=32 bn=64 warps=4 split merge_parts",
+           prefill_wgmma_ws_kernel(128, 16, 32, 64, "float16", "nhd", 4, fast_exp2=True,
+                                   split_k=True, swizzle=True, merge_parts=True), split_sig)
     # an fp8 cache on the producer kernel at sm_90's default tiling (fp16 queries)
     hpb, _, bn, nw, opts = prefill_tc_config(128, 4, None, "nhd", sm90=True)
     yield (f"prefill_tc hs=128 float8_e4m3fn queries=float16 nhd hpb={hpb} bn={bn} warps={nw} "
