@@ -7,9 +7,16 @@ offline (no GPU): ``compile_ptx`` for sm_90a, then the CUDA toolkit's
 
 A variant is named as in ``tune_prefill.py`` (``default``: the sm_90 default
 tiling and options at head size 128, fp16, ``"nhd"``, block size 16, group 4).
-``--dump DIR`` writes each variant's PTX and SASS there.
+``--dump DIR`` writes each variant's PTX and SASS there (the SASS needs
+cuobjdump or nvdisasm: the toolkit's or the ``nvidia-cuda-cuobjdump``
+wheel's). ``--loop`` also counts the instructions a consumer warp issues for
+one key tile in the steady state: the shortest path through the innermost
+loop that holds the products and the exponentials (a tile that needs no mask,
+no soft cap or ALiBi, the row maxima unmoved), and the same path through the
+O rescale (the multiplies that a warp vote skips), by kind of instruction.
 """
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -42,6 +49,23 @@ def variant_kernel(name, head_size, block_size, group, dtype, layout):
                              guard=guard)
 
 
+def find_tool(name):
+    """``name`` on the PATH, else from the ``nvidia-cuda-cuobjdump`` or
+    ``nvidia-cuda-nvdisasm`` wheel (``nvidia/cu*/bin``), else None."""
+    if shutil.which(name):
+        return shutil.which(name)
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for sub in sorted(os.listdir(root), reverse=True):
+            path = os.path.join(root, sub, "bin", name)
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
 def ptxas(ptx, dump=None, name="k"):
     with tempfile.TemporaryDirectory() as d:
         src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
@@ -51,8 +75,9 @@ def ptxas(ptx, dump=None, name="k"):
                               capture_output=True, text=True, check=True).stderr
         sass = ""
         for tool in ("cuobjdump", "nvdisasm"):
-            if shutil.which(tool):
-                args = [tool, "-sass", cubin] if tool == "cuobjdump" else [tool, cubin]
+            path = find_tool(tool)
+            if path:
+                args = [path, "-sass", cubin] if tool == "cuobjdump" else [path, cubin]
                 sass = subprocess.run(args, capture_output=True, text=True).stdout
                 break
         if dump:
@@ -65,6 +90,76 @@ def ptxas(ptx, dump=None, name="k"):
     return info, sass
 
 
+CLASSES = (   # (name, opcodes): the first that holds an instruction's opcode
+    ("HGMMA/WARPGROUP", ("HGMMA", "WARPGROUP")), ("MUFU", ("MUFU",)),
+    ("FMUL/FFMA/FADD/FMNMX", ("FMUL", "FFMA", "FADD", "FMNMX")),
+    ("FSETP/FSEL", ("FSETP", "FSEL", "FCHK")), ("F2FP/I2FP", ("F2FP", "I2FP", "F2F")),
+    ("SHFL", ("SHFL",)), ("BAR/VOTE", ("BAR", "VOTE", "WARPSYNC", "SYNCS")),
+    ("branch/predicate", ("BRA", "BSSY", "BSYNC", "CALL", "PLOP3", "UPLOP3")),
+    ("MOV", ("MOV", "UMOV", "R2UR", "CS2R", "IMAD.MOV", "IMAD.U32")),
+    ("uniform integer", ("U",)),
+    ("integer ALU", ("IMAD", "IADD3", "VIADD", "LOP3", "ISETP", "SEL", "SHF", "LEA", "LDC")))
+
+
+def kind(text):
+    op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+    for name, prefixes in CLASSES:
+        if any(op.startswith(p) and (p != "U" or op[1:2].isupper()) for p in prefixes):
+            return name
+    return "other"
+
+
+def loop_path(sass, rescale=False):
+    """The classes of the instructions on the shortest path from the head of the
+    innermost loop holding ``HGMMA`` and ``MUFU.EX2`` to its back edge (forward
+    branches only); ``rescale``: through the blocks that only multiply, skipped
+    on a warp vote (``rescale_half``). The shortest path may skip work whose
+    predicates go together (a short-circuit ``or`` that the mask then needs),
+    so it is a lower bound where such branches remain."""
+    ins = [(int(m.group(1), 16), m.group(2).rstrip(" ;")) for m in re.finditer(
+        r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*(?:/\*.*)?$", sass, re.M)]
+    at = {a: k for k, (a, _) in enumerate(ins)}
+    target = {}
+    for k, (a, t) in enumerate(ins):
+        m = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)", t)
+        if m:
+            target[k] = at[int(m.group(1), 16)]
+    loops = [(target[k], k) for k in target if target[k] < k and any(
+        "HGMMA" in t for _, t in ins[target[k]:k]) and any("MUFU.EX2" in t for _, t in
+                                                             ins[target[k]:k])]
+    if not loops:
+        return None
+    head, tail = min(loops, key=lambda x: x[1] - x[0])
+    cost = {head: (1, None)}         # shortest forward path: (length, predecessor)
+    for k in range(head, tail):
+        if k not in cost:
+            continue
+        t = ins[k][1]
+        succ = []
+        if k in target:
+            skipped = [u for _, u in ins[k + 1:target[k]]]
+            pred = re.match(r"@!?(P\d)", t)
+            writer = next((u for _, u in reversed(ins[head:k]) if pred and re.match(
+                rf"(?:@!?U?P\w+\s+)?\S+\s+{pred.group(1)},", u)), "")
+            voted = writer.startswith("VOTE.ANY")
+            # the O rescale: multiplies skipped on a warp vote
+            only_mul = voted and skipped and all(u.split()[0] == "FMUL" for u in skipped)
+            if target[k] > k and not (rescale and only_mul):
+                succ.append(target[k])
+            if t.startswith("@") and not (only_mul and not rescale and target[k] > k):
+                succ.append(k + 1)
+        else:
+            succ.append(k + 1)
+        for n in succ:
+            if n <= tail and (n not in cost or cost[n][0] > cost[k][0] + 1):
+                cost[n] = (cost[k][0] + 1, k)
+    path, k = [], tail
+    while k is not None:
+        path.append(ins[k][1])
+        k = cost[k][1]
+    return collections.Counter(kind(t) for t in path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,7 +170,10 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--layout", default="nhd")
     ap.add_argument("--dump")
+    ap.add_argument("--loop", action="store_true",
+                    help="count a consumer warp's instructions a key tile (needs cuobjdump)")
     a = ap.parse_args()
+    loops = {}
     print(f"{'variant':>28} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} "
           f"{'SASS':>6}")
     for name in a.variants:
@@ -94,6 +192,20 @@ def main():
             r"(\d+) bytes spill loads")]
         count = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M))
         print(f"{name:>28} {nums[0]:>5} {nums[1]:>6} {nums[2]:>9} {nums[3]:>9} {count:>6}")
+        if a.loop and sass:
+            loops[name] = (loop_path(sass), loop_path(sass, rescale=True))
+    if loops:
+        print("\ninstructions a consumer warp issues for one key tile (steady state; "
+              "'+r': O rescaled)")
+        names = {n: chr(ord("A") + i) for i, n in enumerate(loops)}
+        print("  ".join(f"{c} = {n}" for n, c in names.items()))
+        cols = [(n, i) for n in loops for i in range(2)]
+        print(f"{'':>22} " + " ".join(f"{names[n] + ('+r' if i else ''):>6}" for n, i in cols))
+        for cls in [c for c, _ in CLASSES] + ["other", "total"]:
+            vals = [(loops[n][i] or {}) for n, i in cols]
+            vals = [sum(v.values()) if cls == "total" else v.get(cls, 0) for v in vals]
+            if any(vals):
+                print(f"{cls:>22} " + " ".join(f"{v:>6}" for v in vals))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ class PrefillPlan:
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
         ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
-        ``mbarriers``), for
+        ``mbarriers``, ``tensor_maps``, ``lean_loop``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -94,7 +94,9 @@ class PrefillPlan:
         both, an ``"nhd"`` or ``"hnd"`` cache, block size 8 or more) has the
         copy engine copy every tile whose keys are all valid, one producer
         thread issuing a box copy a page (the plan makes the pools' tensor
-        maps once).
+        maps once); ``lean_loop=True`` (with ``producer``) runs the
+        consumers' key loop with 32-bit counters and each tile's mask decided
+        before its scores land (the same results, fewer instructions).
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

@@ -307,6 +307,49 @@ def cuda_device():
     return cuda.get_current_device()
 
 
+@pytest.mark.skipif(not SIM, reason="calls a device function from the host (simulator)")
+def test_tc_prefill_mask_limits():
+    """The lean key loop's tile test (two compares against ``mask_limits``,
+    computed once an item, in int32) gives the three conditions it stands for:
+    the context's end, the causal diagonal, the window's edge."""
+    from numba import int32
+    from paged_numba.kernels.prefill_tc_parts import tile_parts
+    BN = 16
+    P = tile_parts(32, 8, 1, BN, "float16", "nhd", 4)
+    edges = (0, 1, 14, 15, 16, 17, 31, 32, 33, 47, 48)      # about the tile's edges
+    for pos0, nq, kv_hi, causal, window in itertools.product(
+            edges, (1, 2, 4), edges[1:], (0, 1), (0, 1, 2, 15, 16, 17, 40)):
+        for kt in range(0, 64, BN):
+            want = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
+                    or (window > 0 and pos0 + nq - 1 - kt >= window))
+            lo, hi = P.mask_limits(*(int32(x) for x in (pos0, nq, kv_hi, causal, window)))
+            assert (kt <= lo or kt > hi) == want, (kt, pos0, nq, kv_hi, causal, window)
+
+
+@pytest.mark.parametrize("p, causal, tiling, extra", [
+    (WS_LONG, True, WS_ONE, {}),
+    (LONG_F16, True, dict(WS_ONE, num_parts=2),
+     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
+    (WS_LONG, False, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)),
+     dict(sliding_window=23)),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=3, stages=3,
+        lazy_rescale=True)), {})],
+    ids=["causal", "variants-split-k", "noncausal-window-three-stages", "persistent-lazy"])
+def test_tc_prefill_lean_loop_is_bit_for_bit(p, causal, tiling, extra):
+    """``lean_loop`` (32-bit counters, each tile's mask decided before its
+    scores land, the softmax unseeded) gives the producer kernel's outputs and
+    log-sum-exps bit for bit: one consumer warpgroup, the variants with
+    split-K, a window, and persistent blocks taking turns."""
+    base = run_prefill(p, causal, tiling, **extra)
+    lean = run_prefill(p, causal, dict(tiling, kernel_options=dict(
+        tiling["kernel_options"], lean_loop=True)), **extra)
+    for a, b in zip(base[1:3], lean[1:3]):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert np.isfinite(np.asarray(base[1], np.float32)).all()
+
+
 def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="num_warps a multiple of 4"):
         check_prefill(LONG_F16, True, dict(WG, num_warps=2, block_n=16))

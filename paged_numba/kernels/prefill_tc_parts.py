@@ -27,11 +27,11 @@ from .fastmath import exp2_approx
 from .guard import (checked_block, checked_unchecked, clamped_length, clamped_unchecked,
                     record_block, record_nothing)
 from .mma import pack_pair
+from .prefill_logits import logit_parts
 from .prefill_tc_io import NEG_INF, cuda_function, query_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
 
 FULL_MASK = 0xFFFFFFFF
-NO_LOWER_BOUND = -(2 ** 31)   # no window: no lower bound on the keys a row admits
 
 # lazy_rescale: a row's running maximum (in the exponent's base-2 units) moves
 # only when the tile's maximum exceeds it by more than this, so the weights stay
@@ -43,7 +43,7 @@ RESCALE_SLACK = 8.0
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
                token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
-               guard=True, lazy_rescale=False):
+               guard=True, lazy_rescale=False, lean=False):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -60,8 +60,14 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     takes table ids and lengths as they are
     (:func:`kernels.guard.checked_unchecked`: only to time the guard);
     ``lazy_rescale`` keeps a row's maximum in :func:`weights_half` until the
-    tile's exceeds it by more than ``RESCALE_SLACK`` (base 2).
+    tile's exceeds it by more than ``RESCALE_SLACK`` (base 2). ``lean``: the
+    softmax's row maxima and sums start from the tile's first pairs rather
+    than from -inf and 0, the per-element mask compares in int32, and
+    :func:`mask_limits` / :func:`logits_masked` let a key loop decide a
+    tile's mask with two compares before its scores land (the same results;
+    fewer instructions, read from the SASS).
     """
+    LEAN = bool(lean)
     D = head_size
     BLOCK_SIZE = block_size
     HPB = heads_per_block
@@ -316,10 +322,19 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     def row_max(s, m, t, h):
         """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
         logits (over the quad of lanes that share the row); the lane's pairs
-        go round-robin into two independent maxima (half the dependent steps)."""
-        a = NEG_INF
-        b = NEG_INF
-        for i in range(0, NTILE_S, 2):
+        go round-robin into two independent maxima (half the dependent steps).
+        ``LEAN``: they start from the first two pairs, not from -inf (a seed
+        costs an instruction each and changes no result: ``max.f32`` passes
+        over NaN and the running maximum, never NaN, takes part last)."""
+        if LEAN:
+            a = max(s[t, 0, 2 * h], s[t, 0, 2 * h + 1])
+            b = max(s[t, 1, 2 * h], s[t, 1, 2 * h + 1])
+            first = 2
+        else:
+            a = NEG_INF
+            b = NEG_INF
+            first = 0
+        for i in range(first, NTILE_S, 2):
             a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
             b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
         return max(m[t, h], quad_max(max(a, b)))
@@ -327,14 +342,20 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     @device_function
     def exp_weights(s, l_, sc, use, t, h):
         """Logits -> weights ``exp2(x sc - use sc)`` in place, one FFMA and one
-        exp2 each, summed (two partial sums) into the lane's share of the row sum."""
+        exp2 each, summed (two partial sums) into the lane's share of the row sum.
+        ``LEAN``: the sums start from the first two pairs, not from 0 (a weight
+        is +0 or more, or NaN, so ``0 + x`` is ``x``)."""
         sub = -use * sc
         a = float32(0.0)                  # two independent partial sums
         b = float32(0.0)
         for i in range(NTILE_S):
             s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
             s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
-            if i % 2 == 0:
+            if LEAN and i == 0:
+                a = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            elif LEAN and i == 1:
+                b = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            elif i % 2 == 0:
                 a += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
             else:
                 b += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
@@ -405,45 +426,6 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         return any_slope
 
     @device_function
-    def logits(s, pos, slope, kt, c, pos0, nq, kv_hi, causal, window, qscale, soft_cap, cap2,
-               alibi, plain):
-        """The tile's logits in base 2 with the variants, and the mask where the
-        tile needs one (the causal diagonal, the window's edge, the context's end)."""
-        masked = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
-                  or (window > 0 and pos0 + nq - 1 - kt >= window))
-        if not plain:
-            for t in range(MT):
-                for i in range(NTILE_S):
-                    for e in range(4):
-                        s[t, i, e] *= qscale
-        if soft_cap > 0.0:
-            for t in range(MT):
-                for i in range(NTILE_S):
-                    for e in range(4):
-                        s[t, i, e] = cap2 * math.tanh(s[t, i, e] / cap2)
-        if alibi:
-            for t in range(MT):
-                for i in range(NTILE_S):      # distances in int32, exact in fp32
-                    for h in range(2):
-                        d0 = float32(int32(kt + 8 * i + 2 * c - pos[t, h]))
-                        s[t, i, 2 * h] += slope[t, h] * d0
-                        s[t, i, 2 * h + 1] += slope[t, h] * (d0 + float32(1.0))
-        if masked:
-            for t in range(MT):
-                for h in range(2):
-                    # row (t, h) admits keys lo <= k < hi: below the context's end, at
-                    # or before its position (causal), within the window
-                    p = pos[t, h]
-                    hi = int32(min(kv_hi, p + 1) if causal != 0 else kv_hi)
-                    lo = int32(p - window + 1 if window > 0 else NO_LOWER_BOUND)
-                    for i in range(NTILE_S):
-                        k = int32(kt + 8 * i + 2 * c)
-                        if k < lo or k >= hi:
-                            s[t, i, 2 * h] = NEG_INF
-                        if k + 1 < lo or k + 1 >= hi:
-                            s[t, i, 2 * h + 1] = NEG_INF
-
-    @device_function
     def weights_half(s, m, l_, alpha, sc, t, h):
         """:func:`softmax_half` without touching O: the factor O must be scaled by
         goes to ``alpha[t, h]`` (1 where the row's maximum did not move), for
@@ -477,4 +459,4 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 o[t, i, 2 * h + 1] *= alpha[t, h]
 
     parts = SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
-    return SimpleNamespace(**vars(parts), **vars(query_parts(parts)))
+    return SimpleNamespace(**vars(parts), **vars(query_parts(parts)), **vars(logit_parts(parts)))

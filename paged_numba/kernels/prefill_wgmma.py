@@ -64,6 +64,7 @@ def product_parts(P):
     ``issue_pv``, ``tile_weights``, ``pack_p`` and the fences and waits."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
     pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
+    logits_masked = P.logits_masked
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
     SPLIT_KV = P.KV_SPLIT
@@ -141,6 +142,16 @@ def product_parts(P):
         weights_half(s, m, l_, alpha, sc, 0, 1)
 
     @device_function
+    def tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window, qscale,
+                            soft_cap, cap2, alibi, sc, plain, masked):
+        """:func:`tile_weights` with the tile's mask decided by the caller
+        (``masked``, from ``mask_limits``: lean key loops)."""
+        logits_masked(s, pos, slope, kt, c, kv_hi, causal, window, qscale, soft_cap, cap2,
+                      alibi, plain, masked)
+        weights_half(s, m, l_, alpha, sc, 0, 0)
+        weights_half(s, m, l_, alpha, sc, 0, 1)
+
+    @device_function
     def pack_p(pa, s):
         """The weights rounded to the cache dtype as the A words of ``P V``."""
         for ks in range(PV_STEPS):
@@ -162,7 +173,8 @@ def _no_pass(last, a):
     """No turns to pass on."""
 
 
-def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_pass):
+def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_pass,
+             lean=False):
     """The software-pipelined loop over a tile's key tiles, shared by both
     warpgroup kernels: prologue ``S_0``; steady state ``j``: ``S_j`` with
     ``P_{j-1} V_{j-1}`` in flight; epilogue ``P_{n-1} V_{n-1}`` (no branch
@@ -172,12 +184,15 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     ``take_turn(a)`` and ``pass_turn(last, a)`` bracket each issue of products
     (``last``: the loop's final one), for warpgroups that take turns. The
     tiles are counted from ``j0`` (the ring's count of the block's earlier
-    tiles: stage ``(j0 + j) % stages``) and the last one is released too."""
+    tiles: stage ``(j0 + j) % stages``) and the last one is released too.
+    ``lean`` (with ``P`` from ``tile_parts(lean=True)``): the same loop with
+    32-bit counters and each tile's mask decided before its scores land."""
     BN, rescale_half = P.BN, P.rescale_half
     pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
         W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
     fence, issue_s, issue_pv, tile_weights, pack_p = (
         W.fence, W.issue_s, W.issue_pv, W.tile_weights, W.pack_p)
+    tile_weights_masked, mask_limits = W.tile_weights_masked, P.mask_limits
 
     @cuda_function
     def run(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
@@ -234,7 +249,76 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             wait_o(o)
             release(j0 + ntiles - 1, ntiles, a)
 
-    return run
+    @cuda_function
+    def run_lean(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
+                 ntiles, j0, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
+        # The counters stay 32-bit: Numba's int64 loop index and int64 constants
+        # made the ring's count, its stage and barrier ids, and the keys' start
+        # 64-bit chains of uniform instructions (with signed % and //) in every
+        # tile. The ring's count g = j0 + j is unsigned (never negative), so the
+        # ring's g % stages and g // stages are masks and shifts.
+        g = uint32(j0)
+        cur = int32(g % stages)         # tile j's stage ((j0 + j) % stages, counted)
+        kt = int32(kv_first)            # tile j's first key
+        # tile j needs a mask where kt <= mlo or kt > mhi: two compares a tile,
+        # before the wait for its scores (the branch after it waits for nothing)
+        mlo, mhi = mask_limits(pos0, nq, kv_hi, causal, window)
+        if ntiles > 0:
+            acquire(g, ntiles, a)
+            pin_s(s)
+            take_turn(a)
+            fence()
+            issue_s(s, qs, kvs, cur)
+            pass_turn(False, a)
+            masked = (kt <= mlo) | (kt > mhi)
+            wait_s_alone(s)
+            tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
+                                qscale, soft_cap, cap2, alibi, sc, plain, masked)
+            pack_p(pa, s)
+        for _ in range(int32(1), ntiles):
+            prev = cur
+            cur = int32(cur + 1) if cur < stages - 1 else int32(0)
+            g = uint32(g + 1)
+            kt = int32(kt + BN)
+            acquire(g, ntiles, a)
+            pin_s(s)
+            take_turn(a)
+            fence()
+            issue_s(s, qs, kvs, cur)
+            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
+            rescale_half(o, alpha, 0, 1)
+            pin_p(pa)
+            pin_o(o)
+            fence()
+            issue_pv(o, pa, kvs, prev)
+            pass_turn(False, a)
+            masked = (kt <= mlo) | (kt > mhi)
+            wait_s(s)                   # S_j landed; P V may still run
+            tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
+                                qscale, soft_cap, cap2, alibi, sc, plain, masked)
+            # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
+            # plain wait above the softmax (nothing ties them), serialising it
+            # with P V; a branch on the row sums (always taken: a sum is >= 0 or
+            # NaN) keeps it after them.
+            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
+                wait_o(o)
+            else:
+                wait_o_twin(o)
+            release(uint32(g - 1), ntiles, a)
+            pack_p(pa, s)
+        if ntiles > 0:
+            rescale_half(o, alpha, 0, 0)
+            rescale_half(o, alpha, 0, 1)
+            pin_p(pa)
+            pin_o(o)
+            take_turn(a)
+            fence()
+            issue_pv(o, pa, kvs, cur)
+            pass_turn(True, a)
+            wait_o(o)
+            release(g, ntiles, a)       # the last tile: j0 + ntiles - 1
+
+    return run_lean if lean else run
 
 
 @functools.cache

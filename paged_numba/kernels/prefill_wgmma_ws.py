@@ -59,8 +59,8 @@ from .prefill_wgmma import key_loop, product_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
 from .merge_tail import merge_tail_parts
-from .prefill_ws_options import (  # noqa: F401  (register_split, REGISTER_POOL: as before)
-    CONSUMER_REGS, PERSISTENT_REGS, PRODUCER_REGS, REGISTER_POOL, check_options, register_split)
+from .prefill_ws_options import (CONSUMER_REGS, PERSISTENT_REGS, PRODUCER_REGS, check_options,
+                                 register_split)
 
 STAGES = 4            # K/V tiles in the ring
 PRODUCER_THREADS = 128
@@ -87,7 +87,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
                             split_halves=False, mbarriers=False, tensor_maps=False,
-                            merge_parts=False):
+                            merge_parts=False, lean_loop=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -166,7 +166,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     The kernel then takes ``final_out [rows, num_heads, head_size]`` (the
     output dtype), ``final_lse [rows, num_heads]`` float32 and ``tickets
     [tiles * head blocks]`` int32 (zeros; left zero) last; ``out`` and
-    ``lse`` are the partial states as with ``split_k``."""
+    ``lse`` are the partial states as with ``split_k``.
+
+    ``lean_loop=True``: the consumers' key loop with 32-bit counters, each
+    tile's mask decided before its scores land and the softmax unseeded
+    (``tile_parts(lean=True)``, :func:`kernels.prefill_wgmma.key_loop`): the
+    same results in fewer instructions."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts)
@@ -175,7 +180,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, layout_kind, fast_exp2, False, False, STAGES,
-                   copy_threads=PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale)
+                   copy_threads=PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale,
+                   lean=lean_loop)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
@@ -245,7 +251,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
-    run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn)
+    run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn, lean=lean_loop)
 
     @device_function
     def mark(errors, rnd, role, k, tid):
