@@ -30,6 +30,36 @@ from .decode import FULL_MASK, NEG_INF
 UNROLL = 8       # partial outputs loaded per thread before their sum is taken
 
 
+@cuda.jit(device=True, inline=True)
+def fold_states(s, i, h, lane, num_states):
+    """``(m, total)`` of row ``i``, head ``h`` over its ``num_states``
+    log-sum-exps ``s[i, :, h]`` with the (m, l) rule, for a whole warp: each
+    lane folds states ``lane, lane + 32, ...``, then a butterfly of shuffles
+    combines the lanes, and every lane returns the row's maximum and lane 0's
+    sum (the lanes may round differently). Shared by the merge kernel and the
+    merges inside attention kernels (:mod:`.merge_tail`), which must give the
+    same bits."""
+    m = NEG_INF
+    total = float32(0.0)
+    # m is never NaN (a NaN state fails x > m): NaN travels in total instead
+    for k in range(lane, num_states, 32):
+        x = float32(s[i, k, h])
+        if x > m:
+            # the new maximum's own weight exp(x - x): 1, or NaN for x = +inf
+            total = total * math.exp(m - x) + (x - x + float32(1.0))
+            m = x
+        elif x != NEG_INF:
+            total += math.exp(x - m)         # NaN for a NaN state
+    for o in (16, 8, 4, 2, 1):
+        m2 = cuda.shfl_xor_sync(FULL_MASK, m, o)
+        t2 = cuda.shfl_xor_sync(FULL_MASK, total, o)
+        mn = max(m, m2)
+        mu = mn if mn != NEG_INF else float32(0.0)    # empty lanes add 0 (or their NaN)
+        total = total * math.exp(m - mu) + t2 * math.exp(m2 - mu)
+        m = mn
+    return m, cuda.shfl_sync(FULL_MASK, total, 0)
+
+
 @functools.cache
 def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
     """Kernel ``(out, lse_out, v, s)``: ``v [n, S, H, D]``, ``s [n, S, H]`` float32,
@@ -59,27 +89,7 @@ def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
         lane = tid % 32
         num_states = s.shape[1]
         head_size = v.shape[3]
-        # (m, l) of this lane's states, then of the whole row by butterfly
-        m = NEG_INF
-        total = float32(0.0)
-        # m is never NaN (a NaN state fails x > m): NaN travels in total instead
-        for k in range(lane, num_states, 32):
-            x = float32(s[i, k, h])
-            if x > m:
-                # the new maximum's own weight exp(x - x): 1, or NaN for x = +inf
-                total = total * math.exp(m - x) + (x - x + float32(1.0))
-                m = x
-            elif x != NEG_INF:
-                total += math.exp(x - m)         # NaN for a NaN state
-        for o in (16, 8, 4, 2, 1):
-            m2 = cuda.shfl_xor_sync(FULL_MASK, m, o)
-            t2 = cuda.shfl_xor_sync(FULL_MASK, total, o)
-            mn = max(m, m2)
-            mu = mn if mn != NEG_INF else float32(0.0)    # empty lanes add 0 (or their NaN)
-            total = total * math.exp(m - mu) + t2 * math.exp(m2 - mu)
-            m = mn
-        # the lanes may round differently: all take lane 0's sum
-        total = cuda.shfl_sync(FULL_MASK, total, 0)
+        m, total = fold_states(s, i, h, lane, num_states)
         mu = m if m != NEG_INF else float32(0.0)
         inv = float32(0.0)
         if total != 0.0:                         # and NaN

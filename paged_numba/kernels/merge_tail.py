@@ -22,7 +22,8 @@ from types import SimpleNamespace
 from numba import cuda, float32, int32
 
 from .convert import codec
-from .decode import FULL_MASK, NEG_INF
+from .decode import NEG_INF
+from .merge import fold_states
 from .prefill_tc_io import cuda_function
 
 
@@ -69,23 +70,7 @@ def merge_tail_parts(heads_per_block, head_size, num_threads, out_dtype):
         for r in range(tid // 32, rows, NW):     # a warp a row: the weights
             row = row0 + q0 + r // HPB
             head = h0 + r % HPB
-            m = NEG_INF
-            total = float32(0.0)
-            for k in range(lane, S, 32):
-                x = float32(part_lse[row, k, head])
-                if x > m:
-                    total = total * math.exp(m - x) + (x - x + float32(1.0))
-                    m = x
-                elif x != NEG_INF:
-                    total += math.exp(x - m)
-            for o in (16, 8, 4, 2, 1):
-                m2 = cuda.shfl_xor_sync(FULL_MASK, m, o)
-                t2 = cuda.shfl_xor_sync(FULL_MASK, total, o)
-                mn = max(m, m2)
-                mu = mn if mn != NEG_INF else float32(0.0)
-                total = total * math.exp(m - mu) + t2 * math.exp(m2 - mu)
-                m = mn
-            total = cuda.shfl_sync(FULL_MASK, total, 0)
+            m, total = fold_states(part_lse, row, head, lane, S)
             mu = m if m != NEG_INF else float32(0.0)
             inv = float32(0.0)
             if total != 0.0:
