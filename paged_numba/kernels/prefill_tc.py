@@ -171,8 +171,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                 or prefetch_ranges or producer_registers is not None or split_halves
                 or mbarriers or lean_loop):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"prefetch_ranges, producer_registers, split_halves, mbarriers "
-                             f"and lean_loop "
+                             f"prefetch_ranges, lean_loop, producer_registers, split_halves "
+                             f"and mbarriers "
                              f"apply to the producer kernel, but got stages={stages}, "
                              f"pingpong={pingpong}, "
                              f"persistent={persistent}, timeline={timeline}, "
@@ -190,8 +190,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
             or split_halves or mbarriers or lean_loop):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
-                         "prefetch_ranges=True, producer_registers, split_halves, "
-                         "mbarriers and lean_loop need wgmma=True")
+                         "prefetch_ranges=True, lean_loop=True, producer_registers, "
+                         "split_halves and mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs, guard=guard)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS
