@@ -132,9 +132,7 @@ class GroupDecode:
                  kernel=None):
         self.cache, self.num_seqs, self.num_heads = cache, num_seqs, num_heads
         self.heads_per_block, self.num_parts = hpb, num_parts
-        kernel = DEFAULT_KERNEL if kernel is None else kernel
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, but got {kernel!r}")
+        kernel = DEFAULT_KERNEL if kernel is None else kernel     # checked by group_kernel
         self.kind = kernel
         fused = False
         sim = _simulator.simulator_enabled()

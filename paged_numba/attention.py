@@ -369,7 +369,8 @@ class DecodePlan:
         self._group = GroupDecode(self.cache, n, h, tile, parts, self.scale, self._variants,
                                   self.out, self.lse, kernel=kernel)
         bn = self._group.block_n
-        self.partition_size = -(-(-(-max_context // bn)) // parts) * bn   # keys of a part, at most
+        tiles = -(-max_context // bn)
+        self.partition_size = -(-tiles // parts) * bn   # keys of a part, at most
         self.heads_per_block, self.num_warps = self._group.heads_per_block, self._group.num_warps
         self._merge = self._group.merge
         self.part_out, self.part_lse = self._group.part_out, self._group.part_lse

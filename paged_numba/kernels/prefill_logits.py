@@ -33,16 +33,21 @@ def logit_parts(P):
         masked = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
                   or (window > 0 and pos0 + nq - 1 - kt >= window))
         if not plain:
-            for t in range(MT):
-                for i in range(NTILE_S):
-                    for e in range(4):
-                        s[t, i, e] *= qscale
+            scale_logits(s, qscale)
         if soft_cap > 0.0:
             cap_logits(s, cap2)
         if alibi:
             alibi_logits(s, pos, slope, kt, c)
         if masked:
             apply_mask(s, pos, kt, c, kv_hi, causal, window)
+
+    @device_function
+    def scale_logits(s, qscale):
+        """The tile's scores times ``qscale`` (the scale in base 2)."""
+        for t in range(MT):
+            for i in range(NTILE_S):
+                for e in range(4):
+                    s[t, i, e] *= qscale
 
     @device_function
     def cap_logits(s, cap2):
@@ -108,10 +113,7 @@ def logit_parts(P):
         (see :func:`exponent_scale`) means no soft cap and no ALiBi too, so one
         branch skips all three variants."""
         if not plain:
-            for t in range(MT):
-                for i in range(NTILE_S):
-                    for e in range(4):
-                        s[t, i, e] *= qscale
+            scale_logits(s, qscale)
             if soft_cap > 0.0:
                 cap_logits(s, cap2)
             if alibi:
@@ -119,6 +121,6 @@ def logit_parts(P):
         if masked:
             apply_mask(s, pos, kt, c, kv_hi, causal, window)
 
-    return SimpleNamespace(logits=logits, cap_logits=cap_logits, alibi_logits=alibi_logits,
-                           apply_mask=apply_mask, mask_limits=mask_limits,
-                           logits_masked=logits_masked)
+    return SimpleNamespace(logits=logits, scale_logits=scale_logits, cap_logits=cap_logits,
+                           alibi_logits=alibi_logits, apply_mask=apply_mask,
+                           mask_limits=mask_limits, logits_masked=logits_masked)
