@@ -81,19 +81,25 @@ def check_pairs(pairs, num_src, num_dst, same_pool, src_name="source", dst_name=
             i = int(bad[0])
             raise ValueError(f"pairs[{i}, {col}] ({name} block) is {int(arr[i, col])}, outside "
                              f"[0, {limit}).")
-    seen = {}
-    for i, d in enumerate(arr[:, 1].tolist()):
-        if d in seen:
-            raise ValueError(f"destination block {d} appears twice in pairs (pairs[{seen[d]}, 1] "
-                             f"and pairs[{i}, 1]); each destination can be written once per call.")
-        seen[d] = i
+    dst = arr[:, 1]
+    _, first = np.unique(dst, return_index=True)      # each destination's first pair
+    if len(first) < len(dst):
+        again = np.ones(len(dst), bool)
+        again[first] = False
+        i = int(np.flatnonzero(again)[0])              # the first pair that repeats one
+        d = int(dst[i])
+        raise ValueError(f"destination block {d} appears twice in pairs (pairs["
+                         f"{int(np.flatnonzero(dst == d)[0])}, 1] and pairs[{i}, 1]); each "
+                         f"destination can be written once per call.")
     if same_pool:
-        for i, s in enumerate(arr[:, 0].tolist()):
-            if s in seen:
-                raise ValueError(
-                    f"block {s} is both a source (pairs[{i}, 0]) and a destination "
-                    f"(pairs[{seen[s]}, 1]); the pairs of one call are copied concurrently, so "
-                    f"split them into two calls.")
+        both = np.flatnonzero(np.isin(arr[:, 0], dst))
+        if both.size:
+            i = int(both[0])
+            s = int(arr[i, 0])
+            raise ValueError(
+                f"block {s} is both a source (pairs[{i}, 0]) and a destination "
+                f"(pairs[{int(np.flatnonzero(dst == s)[0])}, 1]); the pairs of one call are "
+                f"copied concurrently, so split them into two calls.")
     return arr
 
 
