@@ -33,6 +33,26 @@ def kernel_scales(cache):
     return (cache.kv_scales,) if _fp8.is_fp8(cache.dtype) else ()
 
 
+def checked_scales(dtype, num_kv_heads, k_scale=None, v_scale=None):
+    """The fp8 scales of a cache of ``dtype`` as :func:`paged_numba.fp8.check_scale`
+    returns them, ``(k, v)`` (1.0 where not given), or None for a dtype that
+    is not fp8, for which giving either is a ``ValueError``.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype
+    num_kv_heads : int
+    k_scale, v_scale : float or array of float, ``[num_kv_heads]``, optional
+    """
+    if not _fp8.is_fp8(dtype):
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale and v_scale apply to fp8 caches only, but dtype is "
+                             f"{np.dtype(dtype).name}.")
+        return None
+    return (_fp8.check_scale("k_scale", 1.0 if k_scale is None else k_scale, num_kv_heads),
+            _fp8.check_scale("v_scale", 1.0 if v_scale is None else v_scale, num_kv_heads))
+
+
 class PagedKVCache:
     """A KV cache split into ``num_blocks`` blocks of ``block_size`` tokens.
 
@@ -126,11 +146,7 @@ class PagedKVCache:
         if fp8 and self.head_size % 16:
             raise ValueError(f"an fp8 cache needs head_size to be a multiple of 16 (one 16-byte "
                              f"vector), but got head_size={self.head_size}.")
-        if not fp8 and (k_scale is not None or v_scale is not None):
-            raise ValueError(f"k_scale and v_scale apply to fp8 caches only, but dtype is "
-                             f"{self.dtype.name}.")
-        scales = (_fp8.check_scale("k_scale", 1.0 if k_scale is None else k_scale, self.num_kv_heads),
-                  _fp8.check_scale("v_scale", 1.0 if v_scale is None else v_scale, self.num_kv_heads))
+        scales = checked_scales(self.dtype, self.num_kv_heads, k_scale, v_scale)
         self.key_shape, self.value_shape = cache_shapes(
             layout, self.num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.dtype)
         self.num_layers = None if num_layers is None else _positive_int("num_layers", num_layers)
@@ -140,7 +156,7 @@ class PagedKVCache:
         # "interleaved" keeps K and V of a block in one buffer: both names share the pool
         self.value_cache = (self.key_cache if layout == "interleaved"
                             else _arrays.zeros(lead + self.value_shape, store))
-        if fp8:
+        if scales is not None:
             self._set_scales(*scales)
 
     def layer(self, i):
@@ -181,7 +197,8 @@ class PagedKVCache:
         return cache
 
     @classmethod
-    def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None):
+    def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None, *, k_scale=None,
+                    v_scale=None):
         """A cache over existing device pools, without a copy.
 
         Parameters
@@ -190,15 +207,20 @@ class PagedKVCache:
             The pools in ``layout``'s shapes (see the class docstring), with a
             leading ``[num_layers]`` axis when ``num_layers`` is given:
             numba device arrays, PyTorch or CuPy tensors, or anything with
-            ``__cuda_array_interface__`` or DLPack; float16, float32 or
+            ``__cuda_array_interface__`` or DLPack; float16, float32,
             bfloat16 (``torch.bfloat16``, or uint16 device arrays of its
-            bits), C-contiguous, 16-byte aligned, both of one dtype (and of
-            one shape but in ``"vllm"``). ``"interleaved"``: the one pool twice.
-            Under the simulator NumPy arrays and CPU torch tensors are the
-            device arrays.
+            bits) or fp8 (arrays of a float8 dtype holding the stored codes,
+            ``head_size`` a multiple of 16), C-contiguous, 16-byte aligned,
+            both of one dtype (and of one shape but in ``"vllm"``).
+            ``"interleaved"``: the one pool twice. Under the simulator NumPy
+            arrays and CPU torch tensors are the device arrays.
         layout : {"nhd", "vllm", "hnd", "interleaved"}
         num_layers : int, optional
             A layered cache, as ``PagedKVCache(..., num_layers=L)``.
+        k_scale, v_scale : float or array of float32, ``[num_kv_heads]``, keyword-only
+            fp8 pools only: what their codes are scaled by, as in the
+            constructor (default 1.0; finite and positive in float32, else a
+            ``ValueError`` naming the argument). Settable later too.
 
         Returns
         -------
@@ -220,10 +242,15 @@ class PagedKVCache:
         >>> write_kv(cache, np.ones((1, 1, 16), np.float16), np.ones((1, 1, 16), np.float16), [9])
         >>> float(k.copy_to_host()[1, 1, 0, 0])                    # slot 9 = block 1, offset 1
         1.0
+        >>> PagedKVCache.from_device(k, v, k_scale=0.5)         # scales are for fp8 pools
+        Traceback (most recent call last):
+        ...
+        ValueError: k_scale and v_scale apply to fp8 caches only, but dtype is float16.
         """
         from .interop import from_device
 
-        return from_device(cls, key_cache, value_cache, layout, num_layers)
+        return from_device(cls, key_cache, value_cache, layout, num_layers, k_scale=k_scale,
+                           v_scale=v_scale)
 
     @property
     def errors(self):

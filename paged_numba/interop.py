@@ -39,6 +39,7 @@ from numba import config, cuda
 from . import _arrays
 from . import _checks as C
 from . import _validate as V
+from .fp8 import is_fp8
 from .layouts import cache_shapes, check_layout, infer_geometry
 
 ALIGNMENT = 16      # bytes: the kernels' vector loads need 16-byte aligned pools
@@ -139,11 +140,13 @@ def _check_pool(name, dev):
                          f"{address(dev)} ({address(dev) % ALIGNMENT} bytes past one).")
 
 
-def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None):
+def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None, *, k_scale=None,
+                v_scale=None):
     """A ``cls`` (PagedKVCache) whose pools are the caller's device arrays.
 
     See :meth:`paged_numba.PagedKVCache.from_device` for the parameters.
-    Every check runs before the cache exists, so a refused pool is left as it was.
+    Every check (the fp8 scales' too) runs before the cache exists, so a
+    refused pool is left as it was.
     """
     check_layout(layout)
     k = device_view(key_cache, "key_cache")
@@ -152,7 +155,7 @@ def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None):
     if kdt != vdt:
         raise ValueError(f"key_cache and value_cache must have the same dtype, but got {kdt.name} "
                          f"and {vdt.name}.")
-    from .cache import _cache_dtype
+    from .cache import _cache_dtype, checked_scales
 
     dtype = _cache_dtype(kdt)
     for name, dev in (("key_cache", k), ("value_cache", v)):
@@ -176,6 +179,10 @@ def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None):
         if n < 1:
             raise ValueError(f"the pools give {what} = {n}; it must be at least 1 (shape "
                              f"{V.shape_of(k)}).")
+    if is_fp8(dtype) and geometry[3] % 16:
+        raise ValueError(f"an fp8 cache needs head_size to be a multiple of 16 (one 16-byte "
+                         f"vector), but the pools give head_size={geometry[3]}.")
+    scales = checked_scales(dtype, geometry[2], k_scale, v_scale)
     _check_pool("key_cache", k)
     _check_pool("value_cache", v)
     if layout == "interleaved":
@@ -192,6 +199,8 @@ def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None):
     cache.key_cache = k
     cache.value_cache = k if layout == "interleaved" else v
     cache._owners = (key_cache, value_cache)     # the caller's objects, kept alive
+    if scales is not None:
+        cache._set_scales(*scales)
     return cache
 
 

@@ -5,6 +5,9 @@ buffers, results in the caller's library, and ``stream=`` arguments.
   arrays, torch tensors) gives bit-for-bit what a regular cache with the
   same contents gives (same kernels, same data), and what the kernels write
   shows in the caller's arrays; every bad pool raises and nothing is made.
+  fp8 pools take ``k_scale``/``v_scale`` (their codes are a regular cache's
+  with the same scales); bad scales, and scales for pools that are not fp8,
+  raise as in the constructor.
 * ``out=``/``lse=`` are written in place, returned, and equal the allocating
   call bit for bit, even when filled with NaN first (the kernels write every
   element, the zeros of an empty sequence included); a bad buffer raises
@@ -204,6 +207,77 @@ def test_from_device_keeps_the_callers_objects_alive():
     del cache
     gc.collect()
     assert ref() is None
+
+
+# fp8 pools: their codes as float8 arrays, NumPy ones being device arrays under the simulator
+FP8_HEADS = 2                       # per-head scales need more than one KV head
+
+
+def _fp8_pools(dtype="float8_e4m3fn", head_size=D):
+    shape = (NB, BS, FP8_HEADS, head_size)
+    return np.zeros(shape, np.dtype(dtype)), np.zeros(shape, np.dtype(dtype))
+
+
+@pytest.mark.skipif(not SIM, reason="float8 pools are device arrays here under the simulator only")
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("scales", [{}, {"k_scale": 0.25, "v_scale": 3.0},
+                                    {"k_scale": [0.5, 2.0], "v_scale": [4.0, 0.125]}],
+                         ids=["default", "per-tensor", "per-head"])
+def test_from_device_fp8_pools_take_their_scales(dtype, scales):
+    """An fp8 cache over the caller's pools stores ``fp8(x / scale)`` with the
+    scales given to from_device, bit for bit as a regular cache with those
+    scales, and decode reads them back the same way."""
+    key, value = _fp8_pools(dtype)
+    cache = pn.PagedKVCache.from_device(key, value, **scales)
+    regular = pn.PagedKVCache(NB, BS, FP8_HEADS, D, dtype=dtype, **scales)
+    k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
+    assert np.array_equal(cache.k_scale, k_scale) and np.array_equal(cache.v_scale, v_scale)
+    assert _same(cache.kv_scales, regular.kv_scales)
+    kv = np.random.default_rng(2).standard_normal((len(SLOTS), FP8_HEADS, D)).astype(np.float16)
+    for c in (cache, regular):
+        pn.write_kv(c, 4 * kv, -kv, SLOTS)
+    rows = np.array(SLOTS) // BS, np.array(SLOTS) % BS
+    assert _same(key[rows], pn.fp8.quantize(4 * kv, k_scale, dtype))
+    assert _same(value[rows], pn.fp8.quantize(-kv, v_scale, dtype))
+    assert _same(key, regular.to_host()[0]) and _same(value, regular.to_host()[1])
+    q = _query(np.float16, heads=2 * FP8_HEADS)
+    assert _same(pn.paged_decode(q, cache, TABLE, LENS), pn.paged_decode(q, regular, TABLE, LENS))
+
+
+@pytest.mark.skipif(not SIM, reason="float8 pools are device arrays here under the simulator only")
+@pytest.mark.parametrize("kwargs,message", [
+    ({"k_scale": 0.0}, r"k_scale is 0.0; fp8 scales must be finite and positive"),
+    ({"v_scale": -1.0}, r"v_scale is -1.0; fp8 scales"),
+    ({"k_scale": float("nan")}, r"k_scale is nan; fp8 scales"),
+    ({"v_scale": float("inf")}, r"v_scale is inf; fp8 scales"),
+    ({"k_scale": 1e39}, r"k_scale is 1e\+39; fp8 scales"),          # inf in float32
+    ({"v_scale": [1.0, 0.0]}, r"v_scale\[1\] is 0.0; fp8 scales"),
+    ({"k_scale": [1.0, 2.0, 3.0]},
+     r"k_scale must be a number or an array \[num_kv_heads\] = \[2\], but got shape \(3,\)"),
+    ({"v_scale": "1.0"}, r"v_scale must be a positive number"),
+    ({"head_size": 8}, r"fp8 cache needs head_size to be a multiple of 16.*head_size=8"),
+], ids=["zero", "negative", "nan", "inf", "float32 overflow", "one head zero", "shape", "str",
+        "head size"])
+def test_from_device_refuses_bad_fp8_scales_and_touches_nothing(kwargs, message):
+    kwargs = dict(kwargs)
+    key, value = _fp8_pools(head_size=kwargs.pop("head_size", D))
+    key[:] = 1.5                        # the caller's codes, left as they are
+    before = key.copy(), value.copy()
+    with pytest.raises(ValueError, match=message):
+        pn.PagedKVCache.from_device(key, value, **kwargs)
+    assert _same(key, before[0]) and _same(value, before[1])
+
+
+@pytest.mark.parametrize("kwargs", [{"k_scale": 0.5}, {"v_scale": [1.0]}, {"k_scale": 0.0}])
+def test_from_device_refuses_scales_for_pools_that_are_not_fp8(kwargs):
+    """As the constructor does: scales on a float32 pool are a ValueError,
+    whatever their value."""
+    key, value, _ = _wrapped("numpy" if SIM else "numba", "nhd", np.dtype(F32))
+    with pytest.raises(ValueError, match="k_scale and v_scale apply to fp8 caches only, but "
+                                         "dtype is float32"):
+        pn.PagedKVCache.from_device(key, value, **kwargs)
+    with pytest.raises(ValueError, match="k_scale and v_scale apply to fp8 caches only"):
+        pn.PagedKVCache(NB, BS, H, D, dtype="float32", **kwargs)
 
 
 # -- out= and lse=

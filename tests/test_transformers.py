@@ -14,12 +14,16 @@
   backend generates what it generates with ``paged|sdpa``; one call of the
   backend on a stand-in engine cache writes the new rows in place, at their
   pages only, and attends within the error bound of the float64 reference.
+* Both backends hand torch's current stream to every launching call (a side
+  stream on a GPU gives the default stream's output).
 
 On the simulator the model runs on the CPU with 16 new tokens; on a GPU
 (the ``gpu`` profile) on CUDA with 64.
 """
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
+from numba import cuda
 
 import paged_numba as pn
 from paged_numba import BlockAllocator
@@ -213,7 +217,7 @@ def test_hf_engine_backend_matches_paged_sdpa(llama):
 def test_register_warns_where_the_engine_refuses_it(version, monkeypatch):
     """``register()`` registers both names under any transformers 5.x and
     warns, naming the installed version, exactly where the engine no longer
-    runs registered attention functions (from 5.19 on)."""
+    runs this backend (from 5.18 on)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import warnings
@@ -228,7 +232,7 @@ def test_register_warns_where_the_engine_refuses_it(version, monkeypatch):
         assert integration.register() == integration.HF_ENGINE_NAME
     assert {integration.ATTENTION_NAME, integration.HF_ENGINE_NAME} <= set(
         AttentionInterface._global_mapping)
-    refused = version in ("5.19.0", "5.24.0", "6.1.0")
+    refused = version in ("5.18.2", "5.19.0", "5.24.0", "6.1.0")
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(messages) == int(refused), messages
     assert all(f"transformers {version}'s" in m for m in messages)
@@ -237,8 +241,8 @@ def test_register_warns_where_the_engine_refuses_it(version, monkeypatch):
 def test_engine_admits_backends_reads_versions():
     from paged_numba.integrations.transformers import engine_admits_backends
 
-    assert [engine_admits_backends(v) for v in ("5.18.0", "5.19.0rc1", "4.57.0", "5.100.0")] == [
-        True, False, True, False]
+    assert [engine_admits_backends(v) for v in ("5.17.3", "5.18.0", "5.19.0rc1", "4.57.0", "5.100.0")] == [
+        True, False, False, True, False]
     with pytest.raises(ValueError, match="version must look like"):
         engine_admits_backends("latest")
 
@@ -257,12 +261,54 @@ def test_step_attention_needs_its_step(llama):
         model.set_attn_implementation("sdpa")
 
 
+# a stand-in engine cache of 4 blocks of 4 tokens, 2 KV heads of 16; 4 query heads
+NB, BS, HKV, H, D = 4, 4, 2, 4, 16
+# the engine's indices of one forward (see the test below), and of one that only decodes:
+# request 0 has 4 cached tokens in block 2 and decodes position 4 into block 0 (page 0),
+# request 1 has 4 cached in block 1 and decodes position 4 into block 3 (page 12)
+MIXED = dict(cu_q=[0, 2, 3], cu_k=[0, 5, 10], read=[8, 9, 10, 11, 0, 4, 5, 6, 7, 12],
+             write=[11, 0, 12])
+DECODE = dict(cu_q=[0, 1, 2], cu_k=[0, 5, 10], read=[8, 9, 10, 11, 0, 4, 5, 6, 7, 12],
+              write=[0, 12])
+
+
+def _engine_call(batch, seed=3):
+    """``(engine cache, query, key, value, keyword arguments)`` of one layer's
+    call of the backend as transformers' engine makes it for ``batch`` (one of
+    :data:`MIXED`, :data:`DECODE`), random values, on the engine's device."""
+    import torch
+
+    class EngineCache:                      # the attributes the backend reads
+        block_size, num_blocks = BS, NB
+        layer_index_to_group_indices, sliding_windows = {0: (0, 0)}, {0: 1}
+
+    g = torch.Generator().manual_seed(seed)
+    dev = "cpu" if SIM else "cuda"          # the backend takes the engine's device tensors
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g).to(dev)
+
+    def ints(x, dtype=torch.int64):
+        return torch.tensor(x, dtype=dtype, device=dev)
+
+    engine = EngineCache()
+    engine.key_cache = [randn((NB + 2) * BS, HKV, D)]
+    engine.value_cache = [randn((NB + 2) * BS, HKV, D)]
+    rows = len(batch["write"])
+    q, k, v = randn(1, H, rows, D), randn(1, HKV, rows, D), randn(1, HKV, rows, D)
+    kwargs = dict(cache=engine, cu_seq_lens_q=ints(batch["cu_q"], torch.int32),
+                  cu_seq_lens_k=ints(batch["cu_k"], torch.int32),
+                  read_index=[ints(batch["read"])], write_index=[ints(batch["write"])])
+    return engine, q, k, v, kwargs
+
+
 def test_hf_paged_attention_writes_the_engines_cache_in_place():
-    """One layer's call as transformers' engine makes it: request 0 has 3
-    cached tokens in blocks [2, 0] and 2 new rows (positions 3 and 4: pages
-    11 and 0); request 1 has 4 cached in block 1 and decodes position 4 into
-    block 3 (page 12). The new keys and values land in the engine's tensors
-    at those pages and nowhere else, and the output is attention over them."""
+    """One layer's call as transformers' engine makes it (:data:`MIXED`):
+    request 0 has 3 cached tokens in blocks [2, 0] and 2 new rows (positions
+    3 and 4: pages 11 and 0); request 1 has 4 cached in block 1 and decodes
+    position 4 into block 3 (page 12). The new keys and values land in the
+    engine's tensors at those pages and nowhere else, and the output is
+    attention over them."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from types import SimpleNamespace
@@ -271,38 +317,19 @@ def test_hf_paged_attention_writes_the_engines_cache_in_place():
     from paged_numba.reference import gather_kv, paged_prefill_reference
     from paged_numba.testing import check_close, prefill_error_bound
 
-    nb, bs, hkv, h, d, scale = 4, 4, 2, 4, 16, 0.3     # not 1 / sqrt(16): the scale must arrive
-
-    class EngineCache:                      # the attributes the backend reads
-        block_size, num_blocks = bs, nb
-        layer_index_to_group_indices, sliding_windows = {0: (0, 0)}, {0: 1}
-
-    g = torch.Generator().manual_seed(3)
-    dev = "cpu" if SIM else "cuda"          # the backend takes the engine's device tensors
-
-    def randn(*shape):
-        return torch.randn(shape, generator=g).to(dev)
-
-    engine = EngineCache()
-    engine.key_cache = [randn((nb + 2) * bs, hkv, d)]
-    engine.value_cache = [randn((nb + 2) * bs, hkv, d)]
+    scale = 0.3                             # not 1 / sqrt(16): the scale must arrive
+    engine, q, k, v, kwargs = _engine_call(MIXED)
     before = engine.key_cache[0].clone(), engine.value_cache[0].clone()
-    q = randn(1, h, 3, d)
-    k, v = randn(1, hkv, 3, d), randn(1, hkv, 3, d)
-    write = [11, 0, 12]
-    out, weights = hf_paged_attention(
-        SimpleNamespace(layer_idx=0), q, k, v, None, scaling=scale, cache=engine,
-        cu_seq_lens_q=torch.tensor([0, 2, 3], dtype=torch.int32, device=dev),
-        cu_seq_lens_k=torch.tensor([0, 5, 10], dtype=torch.int32, device=dev),
-        read_index=[torch.tensor([8, 9, 10, 11, 0, 4, 5, 6, 7, 12], device=dev)],
-        write_index=[torch.tensor(write, device=dev)])
-    assert weights is None and out.shape == (3, h, d)
-    others = torch.ones((nb + 2) * bs, dtype=torch.bool, device=dev)
+    write = MIXED["write"]
+    out, weights = hf_paged_attention(SimpleNamespace(layer_idx=0), q, k, v, None, scaling=scale,
+                                      **kwargs)
+    assert weights is None and out.shape == (3, H, D)
+    others = torch.ones((NB + 2) * BS, dtype=torch.bool, device=q.device)
     others[write] = False
     for pool, new, old in zip((engine.key_cache[0], engine.value_cache[0]), (k, v), before):
         assert torch.equal(pool[write], new[0].transpose(0, 1))
         assert torch.equal(pool[others], old[others])
-    kpool, vpool = (p.view(nb + 2, bs, hkv, d).cpu().numpy() for p in (engine.key_cache[0],
+    kpool, vpool = (p.view(NB + 2, BS, HKV, D).cpu().numpy() for p in (engine.key_cache[0],
                                                                  engine.value_cache[0]))
     tables, lens, cu = [[2, 0], [1, 3]], [5, 5], [0, 2, 3]
     qs = q[0].transpose(0, 1).cpu().numpy()
@@ -311,6 +338,85 @@ def test_hf_paged_attention_writes_the_engines_cache_in_place():
         keys, values = gather_kv(kpool, vpool, tables[i], lens[i])
         bound, _ = prefill_error_bound(qs[cu[i]:cu[i + 1]], keys, values, scale, positions)
         check_close(out[cu[i]:cu[i + 1]].cpu().numpy(), ref[cu[i]:cu[i + 1]], bound)
+
+
+def _record_streams(monkeypatch):
+    """Wrap every function the backends launch through (and the upload of the
+    step's integers) to record the ``stream`` each call gets: a list of
+    ``(name, stream)``."""
+    from paged_numba.integrations import _tensors
+
+    seen = []
+
+    def recording(name, fn, position=None):
+        def call(*args, **kwargs):
+            stream = args[position] if position is not None and len(args) > position \
+                else kwargs.get("stream")
+            seen.append((name, stream))
+            return fn(*args, **kwargs)
+        return call
+
+    for name in ("write_kv", "paged_prefill", "paged_decode"):
+        monkeypatch.setattr(pn, name, recording(name, getattr(pn, name)))
+    monkeypatch.setattr(pn.DecodePlan, "run", recording("DecodePlan.run", pn.DecodePlan.run))
+    monkeypatch.setattr(_tensors, "kernel_ints", recording("kernel_ints", _tensors.kernel_ints, 1))
+    return seen
+
+
+@pytest.mark.parametrize("backend,batch", [("engine", MIXED), ("engine", DECODE),
+                                           ("loop", MIXED), ("loop", DECODE)],
+                         ids=["engine-mixed", "engine-decode", "loop-mixed", "loop-decode"])
+def test_backends_launch_on_the_current_stream(backend, batch, monkeypatch):
+    """The backends launch every kernel (write_kv and the attention) on
+    torch's current stream and upload the step's integers for it: on a GPU a
+    side stream, as transformers' engine computes on, gives the output of
+    the default stream; on the simulator, CPU tensors take no stream, and
+    the stream ``launch_stream`` names is the one every call gets."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from paged_numba.integrations import _tensors
+    from paged_numba.integrations.hf_loop import StepAttention
+    from paged_numba.integrations.transformers import hf_paged_attention
+
+    def attend():
+        engine, q, k, v, kwargs = _engine_call(batch)
+        if backend == "engine":
+            out, _ = hf_paged_attention(SimpleNamespace(layer_idx=0), q, k, v, None, scaling=0.3,
+                                        **kwargs)
+            return out
+        tables, lens = [[2, 0], [1, 3]], [5, 5]
+        cache = pn.PagedKVCache(NB, BS, HKV, D, dtype="float32", num_layers=1)
+        step = SimpleNamespace(slot_mapping=np.array(batch["write"]),
+                               block_tables=np.array(tables, np.int32),
+                               seq_lens=np.array(lens, np.int32),
+                               cu_seqlens_q=np.array(batch["cu_q"], np.int32))
+        return StepAttention(cache, step)(0, q, k, v, 0.3)
+
+    reference = attend()                    # the default stream
+    seen = _record_streams(monkeypatch)
+    if SIM:
+        assert attend() is not None and {s for _, s in seen} == {None}   # CPU tensors: none
+        marker = cuda.stream()              # what launch_stream names, passed on as it is
+        given = []
+        monkeypatch.setattr(_tensors, "launch_stream", lambda like: given.append(like) or marker)
+        seen.clear()
+        out = attend()
+        assert given and all(t.shape[-1] == D for t in given)
+        expect = marker
+    else:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = attend()
+        side.synchronize()
+        expect = side
+    names = [n for n, _ in seen]
+    assert "write_kv" in names and "kernel_ints" in names
+    assert {"paged_prefill", "paged_decode", "DecodePlan.run"} & set(names)
+    assert all(s is expect or s == expect for _, s in seen), seen
+    assert torch.equal(out, reference)
 
 
 def test_tables_from_hf_indices_without_cached_keys():

@@ -11,13 +11,17 @@
 bfloat16 travels as its uint16 bit patterns on both paths (the kernels'
 storage type; NumPy's side is ``ml_dtypes.bfloat16``).
 
+On the device path the kernels launch on torch's current stream
+(:func:`launch_stream`): after torch's work that made their inputs, before
+torch's work that reads their results, with no wait on the host.
+
 Plain functions of tensors; torch is imported only where a tensor is made.
 """
 import ml_dtypes
 import numpy as np
 from numba import config, cuda
 
-from .. import _arrays
+from .. import _launch
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -53,7 +57,7 @@ def device_array(t):
     on the device first), uint16 bits for a bf16 tensor. The array's owner
     keeps the tensor alive. ``sync=False``: importing does not wait for
     torch's stream (the kernels that read the array are ordered after torch's
-    work by sharing its stream, or by :class:`StreamFence`)."""
+    work by launching on its current stream, :func:`launch_stream`)."""
     t = t.detach().contiguous()
     if _is_bf16(t):
         import torch
@@ -68,11 +72,33 @@ def kernel_array(t):
     return device_array(t) if on_device(t) else host_array(t)
 
 
-def kernel_ints(x):
+def launch_stream(like):
+    """The stream for the kernels of tensor ``like``: torch's current stream
+    on its device on the device path (transformers' engine computes on a
+    stream of its own), None (the default stream) on the host path, where
+    the simulator runs every kernel at once."""
+    if not on_device(like):
+        return None
+    import torch
+
+    return torch.cuda.current_stream(like.device)
+
+
+def kernel_ints(x, stream=None):
     """Host integer array ``x`` (slots, a block table, lengths) as an int32
     device array, uploaded once a step so that every layer's launches read
-    the same copy (under the simulator a copy in host memory)."""
-    return cuda.to_device(np.ascontiguousarray(x, dtype=np.int32))
+    the same copy (under the simulator a copy in host memory).
+
+    The copy goes through the default stream, where the kernels' validation
+    reads it back; a ``stream`` other than the default one (anything
+    :func:`paged_numba._launch.stream_handle` takes) then waits for it on
+    the device (an event; the host does not wait)."""
+    dev = cuda.to_device(np.ascontiguousarray(x, dtype=np.int32))
+    if _launch.stream_handle(stream):              # 0: the default stream, or the simulator
+        copied = cuda.event(timing=False)
+        copied.record()
+        copied.wait(_launch.numba_stream(stream))
+    return dev
 
 
 # -- out of the kernels
@@ -99,74 +125,19 @@ def to_torch(x, like):
     return out.view(torch.bfloat16) if bf16 else out
 
 
-class StreamFence:
-    """Orders the kernels after torch's work and torch's later work after them.
-
-    ``write_kv``, ``paged_prefill`` and ``paged_decode`` launch on the default
-    stream; torch may be computing on another one (transformers' engine runs
-    its forward on a side stream it creates, which does not wait for the
-    default stream). When ``like`` is a CUDA tensor and torch's current
-    stream is not the default one, entering waits for that stream (make the
-    kernels' input tensors before entering) and leaving waits for the
-    kernels; otherwise it does nothing.
-    """
-
-    def __init__(self, like):
-        self.stream = None
-        if on_device(like):
-            import torch
-
-            current = torch.cuda.current_stream(like.device)
-            if current != torch.cuda.default_stream(like.device):
-                self.stream = current
-
-    def __enter__(self):
-        if self.stream is not None:
-            self.stream.synchronize()
-        return self
-
-    def __exit__(self, *exc):
-        if self.stream is not None:
-            cuda.default_stream().synchronize()
-
-
 # -- the caller's pools as a cache
-
-
-def _pool_view(t):
-    """A device array over pool tensor ``t`` without a copy: ``as_cuda_array``
-    on a GPU, a simulator array over the NumPy view of a CPU tensor."""
-    if on_device(t):
-        return device_array(t)
-    if t.is_cuda:
-        raise ValueError(f"the pool is on {t.device} but kernels run on the simulator; "
-                         f"give CPU tensors under the simulator.")
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-    return FakeCUDAArray(_arrays.host_bits(host_array(t)))     # a view: t is contiguous
 
 
 def wrap_nhd(key_pool, value_pool):
     """A :class:`paged_numba.PagedKVCache` (layout ``"nhd"``) whose pools are
     the tensors ``key_pool``/``value_pool`` ``[num_blocks, block_size,
     num_kv_heads, head_size]`` themselves: writes through the kernels land in
-    them. Uses ``PagedKVCache.from_device`` where the package has it."""
-    from ..cache import PagedKVCache, _cache_dtype
-    from ..layouts import cache_shapes
+    them (``PagedKVCache.from_device``, no copy)."""
+    from ..cache import PagedKVCache
 
     if tuple(key_pool.shape) != tuple(value_pool.shape) or key_pool.dtype != value_pool.dtype:
         raise ValueError(f"key and value pools must match, but got {tuple(key_pool.shape)} "
                          f"{key_pool.dtype} and {tuple(value_pool.shape)} {value_pool.dtype}.")
     if not (key_pool.is_contiguous() and value_pool.is_contiguous()):
         raise ValueError("the pools must be contiguous tensors (a copy would not be written back).")
-    if hasattr(PagedKVCache, "from_device"):
-        return PagedKVCache.from_device(key_pool, value_pool, layout="nhd")
-    cache = object.__new__(PagedKVCache)
-    nb, bs, h, d = (int(n) for n in key_pool.shape)
-    cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_size = nb, bs, h, d
-    cache.dtype = _cache_dtype(_BF16 if _is_bf16(key_pool) else str(key_pool.dtype).split(".")[-1])
-    cache.layout, cache.num_layers = "nhd", None
-    cache.key_shape, cache.value_shape = cache_shapes("nhd", nb, bs, h, d, cache.dtype)
-    cache.key_cache, cache.value_cache = _pool_view(key_pool), _pool_view(value_pool)
-    cache._owners = (key_pool, value_pool)
-    return cache
+    return PagedKVCache.from_device(key_pool, value_pool, layout="nhd")

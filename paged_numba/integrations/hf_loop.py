@@ -35,8 +35,8 @@ STEP_KWARG = "paged_numba_step"   # the forward's keyword argument that carries 
 SIMULATOR_WARPS = 1
 
 
-def run_attention(q, cache, tables, lens, cu_seqlens_q, seq_lens, scale, validate):
-    """Attention of one layer's step on the kernels.
+def run_attention(q, cache, tables, lens, cu_seqlens_q, seq_lens, scale, validate, stream=None):
+    """Attention of one layer's step on the kernels, launched on ``stream``.
 
     Parameters
     ----------
@@ -46,6 +46,8 @@ def run_attention(q, cache, tables, lens, cu_seqlens_q, seq_lens, scale, validat
     cu_seqlens_q, seq_lens : host arrays of int, ``[num_seqs + 1]`` and ``[num_seqs]``
     scale : float
     validate : bool
+    stream : optional
+        Anything the public functions' ``stream=`` takes; None: the default stream.
 
     Returns
     -------
@@ -63,15 +65,16 @@ def run_attention(q, cache, tables, lens, cu_seqlens_q, seq_lens, scale, validat
     sim = simulator_enabled()
     if bool(np.all(np.diff(cu_seqlens_q) == 1)):
         if not sim:
-            return paged_decode(q, cache, tables, lens, scale=scale, validate=validate)
+            return paged_decode(q, cache, tables, lens, scale=scale, validate=validate,
+                                stream=stream)
         plan = DecodePlan(cache, len(seq_lens), q.shape[1], tables.shape[1], scale=scale,
                           num_warps=SIMULATOR_WARPS)
         dev = cuda.to_device(q) if isinstance(q, np.ndarray) else q
-        out = plan.run(dev, tables, lens)      # checked when packed (new buffers)
+        out = plan.run(dev, tables, lens, stream=stream)    # checked when packed (new buffers)
         return out.copy_to_host() if isinstance(q, np.ndarray) else out
     tiling = {"num_warps": SIMULATOR_WARPS} if sim else {}
     return paged_prefill(q, cache, tables, cu_seqlens_q, seq_lens, scale=scale,
-                         validate=validate, **tiling)
+                         validate=validate, stream=stream, **tiling)
 
 
 class StepAttention:
@@ -79,8 +82,10 @@ class StepAttention:
 
     Writes the step's keys and values into layer ``i`` of ``cache`` (its
     :meth:`~paged_numba.PagedKVCache.layer` view) at ``step.slot_mapping``,
-    then attends with :func:`run_attention`. The slots, tables and lengths
-    go to the device once per step and are checked at the first layer.
+    then attends with :func:`run_attention`, both on torch's current stream
+    (:func:`~paged_numba.integrations._tensors.launch_stream`). The slots,
+    tables and lengths go to the device once per step, at the first layer,
+    where they are checked.
 
     Parameters
     ----------
@@ -90,13 +95,8 @@ class StepAttention:
     """
 
     def __init__(self, cache, step):
-        from ._tensors import kernel_ints
-
         self.cache, self.step = cache, step
-        self.slots = kernel_ints(step.slot_mapping)
-        self.tables = kernel_ints(step.block_tables)
-        self.lens = kernel_ints(step.seq_lens)
-        self.checked = False
+        self.slots = self.tables = self.lens = None     # device copies, from the first layer
 
     def __call__(self, layer, query, key, value, scale):
         """Attention of layer ``layer``: query ``[1, num_heads, num_tokens,
@@ -104,16 +104,21 @@ class StepAttention:
         head_size]`` (the model's layout) give ``[num_tokens, num_heads,
         head_size]`` in the query's dtype and device."""
         from .. import write_kv
-        from ._tensors import StreamFence, kernel_array, to_torch
+        from ._tensors import kernel_array, kernel_ints, launch_stream, to_torch
 
         cache = self.cache.layer(layer)
-        validate, self.checked = not self.checked, True     # the same tables for every layer
+        stream = launch_stream(query)
+        validate = self.slots is None                   # the same tables for every layer
+        if validate:
+            step = self.step
+            self.slots, self.tables, self.lens = (
+                kernel_ints(x, stream) for x in (step.slot_mapping, step.block_tables,
+                                                 step.seq_lens))
         q = kernel_array(query[0].transpose(0, 1))
         k, v = kernel_array(key[0].transpose(0, 1)), kernel_array(value[0].transpose(0, 1))
-        with StreamFence(query):
-            write_kv(cache, k, v, self.slots, validate=validate)
-            out = run_attention(q, cache, self.tables, self.lens, self.step.cu_seqlens_q,
-                                self.step.seq_lens, scale, validate)
+        write_kv(cache, k, v, self.slots, validate=validate, stream=stream)
+        out = run_attention(q, cache, self.tables, self.lens, self.step.cu_seqlens_q,
+                            self.step.seq_lens, scale, validate, stream)
         return to_torch(out, query)
 
 

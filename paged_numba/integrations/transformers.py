@@ -32,10 +32,11 @@ Only full causal attention is covered (Llama and its relatives): layers
 with a sliding window or a logit soft cap raise ``NotImplementedError``.
 The engine's CUDA graphs must stay off (``ContinuousBatchingConfig(
 use_cuda_graph=False)``): the backend reads the engine's indices on the host
-each step. The engine admits registered attention functions up to
-transformers 5.18 (:func:`engine_admits_backends`); from 5.19 on it runs only
-its own (``"paged|eager"``, ``"sdpa"``, flash attention), and
-:func:`register` warns. :func:`generate` runs on any 5.x. This module
+each step. The backend runs in the engines of transformers 5.0 to 5.17
+(:func:`engine_admits_backends`): 5.18's engine keeps every layer's cache in
+one byte tensor this backend does not read, and from 5.19 on the engine runs
+only its own attention (``"paged|eager"``, ``"sdpa"``, flash attention);
+:func:`register` warns there. :func:`generate` runs on any 5.x. This module
 imports torch and transformers only when a function that needs them runs.
 """
 import importlib.metadata
@@ -51,8 +52,9 @@ from ..allocator import padded_block_table
 from .hf_loop import ATTENTION_NAME, generate, run_attention, step_attention
 
 HF_ENGINE_NAME = "paged|paged_numba"   # for transformers' continuous-batching engine
-# the last transformers whose engine runs a registered attention function
-LAST_ENGINE_VERSION = (5, 18)
+# the last transformers whose engine runs this backend (5.18 changed the cache's layout,
+# 5.19 stopped running registered attention functions)
+LAST_ENGINE_VERSION = (5, 17)
 
 __all__ = ["ATTENTION_NAME", "HF_ENGINE_NAME", "HFBatch", "engine_admits_backends", "generate",
            "hf_paged_attention", "register", "tables_from_hf_indices"]
@@ -61,9 +63,10 @@ __all__ = ["ATTENTION_NAME", "HF_ENGINE_NAME", "HFBatch", "engine_admits_backend
 def engine_admits_backends(version=None):
     """Whether transformers' continuous-batching engine (``generate_batch``,
     ``ContinuousBatchingManager``) of ``version`` (default: the installed
-    one) runs a registered attention function such as ``"paged|paged_numba"``:
-    5.0 to 5.18 do; from 5.19 on the engine accepts only ``"paged|eager"``,
-    ``"sdpa"`` and flash attention, and raises ``ValueError`` for others.
+    one) can run ``"paged|paged_numba"``: 5.0 to 5.17 do. 5.18 keeps every
+    layer's cache in one byte tensor of sectors, which the backend does not
+    read; from 5.19 on the engine accepts only ``"paged|eager"``, ``"sdpa"``
+    and flash attention, and raises ``ValueError`` for others.
 
     >>> engine_admits_backends("5.17.0"), engine_admits_backends("5.24.0.dev0")
     (True, False)
@@ -89,7 +92,7 @@ def register():
     >>> _ = pytest.importorskip("torch"), pytest.importorskip("transformers")
     >>> from transformers import AttentionInterface
     >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore")     # transformers >= 5.19: the engine warning
+    ...     warnings.simplefilter("ignore")     # transformers >= 5.18: the engine warning
     ...     name = register()
     >>> name, "paged_numba" in AttentionInterface._global_mapping
     ('paged|paged_numba', True)
@@ -100,9 +103,10 @@ def register():
     AttentionInterface.register(HF_ENGINE_NAME, hf_paged_attention)
     if not engine_admits_backends():
         version = importlib.metadata.version("transformers")
-        warnings.warn(f"transformers {version}'s continuous-batching engine runs only its own "
-                      f"attention implementations (from 5.19 on), so {HF_ENGINE_NAME!r} cannot "
-                      f"run in generate_batch there (transformers 5.0-5.18 can); "
+        warnings.warn(f"transformers {version}'s continuous-batching engine cannot run "
+                      f"{HF_ENGINE_NAME!r} (5.18 lays its cache out in sectors the backend does "
+                      f"not read; from 5.19 on the engine runs only its own attention), so "
+                      f"generate_batch cannot use it there (transformers 5.0-5.17 can); "
                       f"paged_numba.integrations.transformers.generate runs this package's "
                       f"loop with any 5.x.", UserWarning, stacklevel=2)
     return HF_ENGINE_NAME
@@ -231,8 +235,9 @@ def _pools(state, hf_cache, j):
     return held[2]
 
 
-def _batch(state, hf_cache, group, kwargs):
-    """The forward's :class:`HFBatch`, built at its first layer and kept for the others."""
+def _batch(state, hf_cache, group, kwargs, stream):
+    """The forward's :class:`HFBatch`, built at its first layer and kept for the
+    others; its integer arrays go to the device for the kernels on ``stream``."""
     from ._tensors import host_array, kernel_ints
 
     cu_k = kwargs["cu_seq_lens_k"]
@@ -244,8 +249,9 @@ def _batch(state, hf_cache, group, kwargs):
         batch = tables_from_hf_indices(*(host_array(t) for t in key), hf_cache.block_size,
                                        hf_cache.num_blocks * hf_cache.block_size)
         state.batch_key = key
-        state.batch = (batch, kernel_ints(batch.slot_mapping), kernel_ints(batch.block_tables),
-                       kernel_ints(batch.seq_lens), set())
+        state.batch = (batch, kernel_ints(batch.slot_mapping, stream),
+                       kernel_ints(batch.block_tables, stream), kernel_ints(batch.seq_lens, stream),
+                       set())
     return state.batch
 
 
@@ -274,11 +280,15 @@ def hf_paged_attention(module, query, key, value, attention_mask, scaling=None, 
     out : tensor, ``[total_q, num_heads, head_size]`` (zeros in padding rows)
     None
         (no attention weights)
+
+    The kernels launch on torch's current stream (the engine's own, on a
+    GPU), ordered after the work that made ``query``/``key``/``value`` and
+    before the work that reads ``out``; the host does not wait.
     """
     import torch
 
     from .. import write_kv
-    from ._tensors import StreamFence, kernel_array, to_torch
+    from ._tensors import kernel_array, launch_stream, to_torch
 
     hf_cache = kwargs.get("cache")
     if hf_cache is None:
@@ -293,8 +303,9 @@ def hf_paged_attention(module, query, key, value, attention_mask, scaling=None, 
     if kwargs.get("block_table") is not None:
         raise NotImplementedError(f"{HF_ENGINE_NAME!r} reads the engine's read indices; its "
                                   f"block-table decode path (flash attention only) is not covered.")
+    stream = launch_stream(query)                        # the engine's, on a GPU
     state = _ENGINE_STATE.setdefault(hf_cache, _EngineState())
-    batch, slots, tables, lens, checked = _batch(state, hf_cache, group, kwargs)
+    batch, slots, tables, lens, checked = _batch(state, hf_cache, group, kwargs, stream)
     cache = _pools(state, hf_cache, j)
     validate = not checked                               # the first layer of the forward
     checked.add(layer)
@@ -302,10 +313,9 @@ def hf_paged_attention(module, query, key, value, attention_mask, scaling=None, 
     q = kernel_array(query[0, :, :n].transpose(0, 1))
     k = kernel_array(key[0, :, :n].transpose(0, 1))
     v = kernel_array(value[0, :, :n].transpose(0, 1))
-    with StreamFence(query):          # the engine computes on a side stream of its own
-        write_kv(cache, k, v, slots, validate=validate)
-        out = run_attention(q, cache, tables, lens, batch.cu_seqlens_q, batch.seq_lens, scaling,
-                            validate)
+    write_kv(cache, k, v, slots, validate=validate, stream=stream)
+    out = run_attention(q, cache, tables, lens, batch.cu_seqlens_q, batch.seq_lens, scaling,
+                        validate, stream)
     out = to_torch(out, query)
     total = query.shape[2]
     if n < total:                                         # the engine's padding rows
