@@ -33,10 +33,13 @@ separately): the same geometry, block size 16, layout ``"nhd"`` (a block is
 one contiguous slab in every layout, so the layout does not change what
 moves), 64, 512 and 4096 blocks of a one-layer and of a ``num_layers=32``
 cache (64 KB and 2 MB a block), into and out of a pinned ``host_pool`` of as
-many blocks; the device ids are random among ``2 * blocks``, the host ids
-either one run ``0 .. n-1`` (``host_ids=run``: one DMA straight into/from
-the pool per staging chunk) or a random permutation (``scattered``: NumPy
-scatters/gathers through a temporary). The call is synchronous (no stream,
+many blocks (twice as many where that is at most ``HOST_POOL_LIMIT``); the
+device ids are random among ``2 * blocks``, the host ids one run ``0 ..
+n-1`` (``host_ids=run``), a random permutation of it (``permuted``: the
+call sorts the pairs by host block, so this is one run again), or ``n``
+random blocks of the ``2 n`` (``scattered``: runs of about two blocks, of
+64 KB or 2 MB a block; below 256 KB a run on average, NumPy gathers or
+scatters them through a pinned buffer). The call is synchronous (no stream,
 as a caller that waits for it makes it). The ceiling, ``pinned_copy``: the
 same bytes in one asynchronous ``copy_to_host`` / ``copy_to_device`` per
 pool on the timer's stream, between the cache's pools and the pinned host
@@ -97,6 +100,7 @@ QUICK = dict(num_kv_heads=2, head_size=16, block_sizes=(4,), copy_pairs={None: (
 L2_FLUSH_BYTES = 256 * 2**20
 FULL_CHECK_BYTES = 2 * 2**30    # caches up to this size are checked block by block, entirely
 CHECK_PAIRS = 64                # else this many random pairs, every layer
+HOST_POOL_LIMIT = 8 * 2**30     # bytes: the largest host pool with room for "scattered"
 SPIN_NS = 500_000               # device sleep before a queued timed call
 TIME_BUDGET_S = 5.0             # at most about this long in timed calls per measurement
 MIN_REPS = 3
@@ -414,12 +418,17 @@ def bench_swap(timer, num_layers, num_blocks, reps, rng, block_size, heads, head
     cache = pn.PagedKVCache(cache_blocks, block_size, heads, head_size, DTYPE, "nhd", num_layers)
     pools = pools_of(cache)
     fill(pools, seed=3)
-    host = pn.host_pool(cache, num_blocks)
+    # a host pool of twice the blocks where it fits: "scattered" takes half of them
+    spread = 2 * num_blocks * block_bytes <= HOST_POOL_LIMIT
+    host = pn.host_pool(cache, 2 * num_blocks if spread else num_blocks)
     nbytes = num_blocks * block_bytes
     dev_ids = rng.choice(cache_blocks, num_blocks, replace=False)
-    scattered = rng.permutation(num_blocks)
-    if num_blocks > 1 and np.array_equal(scattered, np.arange(num_blocks)):
-        scattered = np.roll(scattered, 1)
+    permuted = rng.permutation(num_blocks)
+    if num_blocks > 1 and np.array_equal(permuted, np.arange(num_blocks)):
+        permuted = np.roll(permuted, 1)
+    kinds = [("run", np.arange(num_blocks)), ("permuted", permuted)]
+    if spread:
+        kinds.append(("scattered", rng.choice(2 * num_blocks, num_blocks, replace=False)))
     host_flat = host.view(np.float16).reshape(host.size)
     dev_flat = [p.reshape(p.size) for p in pools]
     m = num_blocks * layers * pools[0].shape[2]
@@ -432,7 +441,7 @@ def bench_swap(timer, num_layers, num_blocks, reps, rng, block_size, heads, head
         else:
             ceiling_call = lambda s: [d.copy_to_device(h, stream=s) for d, h in parts]  # noqa: E731
         got = []
-        for kind, host_ids in (("run", np.arange(num_blocks)), ("scattered", scattered)):
+        for kind, host_ids in kinds:
             verified = verify_swap(cache, host, dev_ids, host_ids, out, rng)
             pairs = np.stack([dev_ids, host_ids] if out else [host_ids, dev_ids], axis=1)
             src, dst = (cache, host) if out else (host, cache)

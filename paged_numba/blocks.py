@@ -18,6 +18,9 @@ from .kernels.copy_blocks import copy_blocks_kernel, stage_blocks_kernel
 MAX_THREADS = 128
 # device memory a swap stages its blocks through, at most (one DMA per this many bytes)
 STAGING_BYTES = 64 * 2**20
+# a run of host blocks at least this long (on average) is copied by its own DMA;
+# shorter ones go through a pinned buffer that NumPy gathers or scatters
+MIN_RUN_BYTES = 256 * 2**10
 
 
 def _check_cache(cache):
@@ -234,9 +237,12 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     :meth:`BlockManager.swap_out` and :meth:`BlockManager.swap_in` return the
     pairs. Every layer of a layered cache is copied. The blocks go through a
     device staging array of at most 64 MB at a time: one gather (or scatter)
-    kernel and one copy between the device and the host a chunk; host blocks
-    that form one run (``h, h + 1, ...``) are copied straight into (or from)
-    the pool, others gathered or scattered there by NumPy.
+    kernel a chunk. The pairs are taken in the order of their host blocks;
+    host blocks that form runs (``h, h + 1, ...``) of 256 KB or more on
+    average are copied straight into (or from) the pool, one DMA a run;
+    shorter runs go through a pinned buffer (kept for the process, at most
+    64 MB) that NumPy scatters into (or gathers from) the pool, and the call
+    then waits for the copies.
 
     Parameters
     ----------
@@ -250,8 +256,8 @@ def swap_blocks(src, dst, pairs, *, stream=None):
         Copy asynchronously on this stream (a numba, PyTorch or CuPy stream,
         or a raw ``cudaStream_t`` int; the host pool must then be pinned, as
         :func:`host_pool` makes it, and stay alive until the stream is
-        synchronised; host blocks that are not one run make the call wait
-        for the stream, as NumPy gathers or scatters them); default None:
+        synchronised; host blocks in short runs make the call wait for the
+        stream, as NumPy gathers or scatters them); default None:
         synchronous copies. Ignored under the simulator.
 
     Raises
@@ -297,35 +303,70 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     k, v, has_value = _flat_pools(cache)
     host = host.reshape(num_host, k.shape[0], 2 * _block_elems(cache))   # [.., layer, K|V]
     dev_ids, host_ids = (arr[:, 0], arr[:, 1]) if out else (arr[:, 1], arr[:, 0])
+    # the pairs in host order (the order of a call's pairs does not matter: no
+    # destination twice), so that host blocks that are neighbours form runs
+    order = np.argsort(host_ids, kind="stable")
+    dev_ids, host_ids = dev_ids[order], host_ids[order]
     vec, threads = _vector_threads(k, v)
     kernel = stage_blocks_kernel(vec, has_value, out)
     block_bytes = host[0].nbytes                       # one block, every layer, K and V
     chunk = max(1, min(len(arr), STAGING_BYTES // block_bytes))
     staging = cuda.device_array((chunk,) + host.shape[1:], host.dtype, stream=stream)
-    waits = not (isinstance(stream, int) and stream == 0)     # copies on a stream return early
     for at in range(0, len(arr), chunk):
         ids, hids = dev_ids[at:at + chunk], host_ids[at:at + chunk]
         n = len(ids)
         d_ids = cuda.to_device(ids.astype(np.int32), stream=stream)
-        run = _run_start(hids)            # host blocks h .. h + n - 1: one slice, no gather
+        runs = _runs(hids)
+        direct = n * block_bytes >= MIN_RUN_BYTES * len(runs)    # runs long enough
         if out:
             launch(kernel, (n, k.shape[0]), threads, (k, v, d_ids, staging[:n]), stream=stream)
-            if run is not None:
-                staging[:n].copy_to_host(host[run:run + n], stream=stream)
-            else:
-                buf = staging[:n].copy_to_host(stream=stream)
-                if waits:
-                    stream.synchronize()
+            if direct:      # one DMA a run, straight into the pool
+                for a, b in runs:
+                    staging[a:b].copy_to_host(host[hids[a]:hids[a] + b - a], stream=stream)
+            else:           # into pinned memory, then scattered by NumPy
+                buf = _bounce(staging[:n].shape, host.dtype)
+                staging[:n].copy_to_host(buf, stream=stream)
+                _wait(stream)
                 host[hids] = buf
         else:
-            src = host[run:run + n] if run is not None else host[hids]
-            staging[:n].copy_to_device(src, stream=stream)
+            if direct:
+                for a, b in runs:
+                    staging[a:b].copy_to_device(host[hids[a]:hids[a] + b - a], stream=stream)
+            else:           # gathered by NumPy into pinned memory, then one DMA
+                buf = _bounce(staging[:n].shape, host.dtype)
+                np.take(host, hids, axis=0, out=buf)
+                staging[:n].copy_to_device(buf, stream=stream)
             launch(kernel, (n, k.shape[0]), threads, (k, v, d_ids, staging[:n]), stream=stream)
-            if waits and run is None:
-                stream.synchronize()     # src is a temporary gathered from the pool
+            if not direct:
+                _wait(stream)       # the next chunk (or call) reuses the pinned buffer
 
 
-def _run_start(ids):
-    """``ids[0]`` when ``ids`` is ``ids[0], ids[0] + 1, ...`` (one slice), else None."""
-    first = int(ids[0])
-    return first if np.array_equal(ids, np.arange(first, first + len(ids))) else None
+def _wait(stream):
+    """Wait for ``stream``'s copies (the default stream's copies already waited)."""
+    if not (isinstance(stream, int) and stream == 0):
+        stream.synchronize()
+
+
+_bounce_buffer = [None]     # a pinned buffer reused by swaps of short runs (<= STAGING_BYTES)
+
+
+def _bounce(shape, dtype):
+    """A pinned host array of ``shape`` (one chunk of blocks), over a buffer kept
+    for the process and grown when a larger chunk needs it: page-locking
+    memory takes milliseconds, a fresh pageable array's first touch as long
+    as the copy itself."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    held = _bounce_buffer[0]
+    if held is None or held.nbytes < nbytes:
+        held = np.zeros(nbytes, np.uint8) if config.ENABLE_CUDASIM else \
+            cuda.pinned_array(nbytes, np.uint8)
+        _bounce_buffer[0] = held
+    return held[:nbytes].view(dtype).reshape(shape)
+
+
+def _runs(ids):
+    """``(a, b)`` slices of sorted ``ids`` where ``ids[a:b]`` are consecutive
+    integers: ``[1, 2, 3, 7, 8]`` -> ``[(0, 3), (3, 5)]``."""
+    cuts = np.flatnonzero(np.diff(ids) != 1) + 1
+    edges = [0, *cuts.tolist(), len(ids)]
+    return list(zip(edges[:-1], edges[1:]))

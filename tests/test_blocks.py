@@ -151,17 +151,19 @@ def test_swap_round_trip(layout, dtype, num_layers):
 
 
 @pytest.mark.parametrize("staging_blocks", [1, 2, None])      # None: every block in one chunk
-@pytest.mark.parametrize("host_ids", [[1, 2, 3], [3, 0, 2]])  # one run of the pool, or not
-def test_swap_chunks_and_runs(monkeypatch, staging_blocks, host_ids):
+@pytest.mark.parametrize("host_ids", [[1, 2, 3], [3, 0, 2], [2, 1, 3]])  # runs once sorted, or not
+@pytest.mark.parametrize("min_run", [0, None])                # None: every run through NumPy
+def test_swap_chunks_and_runs(monkeypatch, staging_blocks, host_ids, min_run):
     """Swapping through a staging array of a few blocks (several chunks, the
     last one short) moves the same bytes as through one chunk, whether the
-    host blocks form one run (copied straight into the pool's slice) or not
-    (gathered and scattered on the host)."""
+    host blocks' runs are copied straight into (or from) the pool's slices
+    or gathered and scattered by NumPy through the pinned buffer."""
     cache = random_cache("nhd", "bfloat16", num_layers=2, seed=5)
     k0, v0 = pools(cache)
     host = host_pool(cache, 4)
     if staging_blocks:
         monkeypatch.setattr(pn.blocks, "STAGING_BYTES", staging_blocks * host[0].nbytes)
+    monkeypatch.setattr(pn.blocks, "MIN_RUN_BYTES", 2**62 if min_run is None else min_run)
     dev_ids = [4, 0, 2]
     swap_blocks(cache, host, list(zip(dev_ids, host_ids)))
     bits = pn._arrays.host_bits(host)                      # [4, layers, 2, 16]
@@ -176,6 +178,13 @@ def test_swap_chunks_and_runs(monkeypatch, staging_blocks, host_ids):
     moved = list(zip(dev_ids, back))
     np.testing.assert_array_equal(k1, expected_after_copy(k0, moved, True))
     np.testing.assert_array_equal(v1, expected_after_copy(v0, moved, True))
+
+
+def test_runs_of_sorted_ids():
+    runs = pn.blocks._runs
+    assert runs(np.array([1, 2, 3, 7, 8, 10])) == [(0, 3), (3, 5), (5, 6)]
+    assert runs(np.array([4])) == [(0, 1)]
+    assert runs(np.array([0, 1, 2, 3])) == [(0, 4)]
 
 
 def test_swap_blocks_bad_inputs_change_nothing():
