@@ -36,7 +36,7 @@ tensor cores' order of accumulation, and the same bound holds
 import functools
 from types import SimpleNamespace
 
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, int64, uint32
 
 from . import wgmma as wg
 from .access import device_function
@@ -258,7 +258,12 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
         # tile. The ring's count g = j0 + j is unsigned (never negative), so the
         # ring's g % stages and g // stages are masks and shifts.
         g = uint32(j0)
-        cur = int32(g % stages)         # tile j's stage ((j0 + j) % stages, counted)
+        # tile j's stage ((j0 + j) % stages, counted), 64-bit as in ``run``: an
+        # int32 stage made the K operand's start a mul.wide.s32, and ptxas (12.9,
+        # 13.0) then dropped the high word of the descriptor's constant fields
+        # (SBO, swizzle) from the steady state's S = Q K^T products (not the
+        # prologue's): wrong scores for keys 8.. of each later tile, on the GPU only
+        cur = int64(g % stages)
         kt = int32(kv_first)            # tile j's first key
         # tile j needs a mask where kt <= mlo or kt > mhi: two compares a tile,
         # before the wait for its scores (the branch after it waits for nothing)
@@ -277,7 +282,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             pack_p(pa, s)
         for _ in range(int32(1), ntiles):
             prev = cur
-            cur = int32(cur + 1) if cur < stages - 1 else int32(0)
+            cur = cur + 1 if cur < stages - 1 else int64(0)
             g = uint32(g + 1)
             kt = int32(kt + BN)
             acquire(g, ntiles, a)
