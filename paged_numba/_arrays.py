@@ -111,16 +111,23 @@ def is_device_array(x):
     return cuda.is_cuda_array(x)
 
 
-def as_device(x, name):
+def as_device(x, name, stream=None):
     """Return ``(device_array, from_host)``: NumPy arrays are copied to the
     device, CUDA arrays (numba, PyTorch, CuPy, ...) are wrapped without a copy.
+    The copy goes on numba stream ``stream`` (0: the legacy default stream),
+    ahead of the kernels launched next on it; with ``stream`` None it has
+    landed when this returns (a pageable ``cuMemcpyHtoD`` may return before
+    its DMA is done), so kernels on any stream may read it.
     bfloat16 arrives as uint16 bit patterns: a NumPy ``ml_dtypes.bfloat16``
     array is copied as its uint16 view, a ``torch.bfloat16`` tensor is wrapped
     through an int16 view of the same memory (``__cuda_array_interface__`` has
     no bf16) that the returned array keeps alive. Under the simulator a CPU
     torch tensor is wrapped without a copy too."""
     if isinstance(x, np.ndarray):
-        return cuda.to_device(host_bits(x)), True
+        dev = cuda.to_device(host_bits(x), stream=0 if stream is None else stream)
+        if stream is None and not config.ENABLE_CUDASIM:
+            cuda.default_stream().synchronize()
+        return dev, True
     if _is_torch(x) and config.ENABLE_CUDASIM and _torch_on_device(x):
         return _fake_device(_torch_host_view(x)), False
     if _is_torch(x) and logical_dtype(x) == BFLOAT16 and getattr(x, "is_cuda", False):
@@ -138,8 +145,9 @@ def as_device(x, name):
     )
 
 
-def to_host(x, dtype=None):
-    """A NumPy view or copy of ``x`` (device arrays are copied to the host).
+def to_host(x, dtype=None, stream=0):
+    """A NumPy view or copy of ``x`` (device arrays are copied to the host,
+    after the work enqueued before on numba stream ``stream``).
 
     With ``dtype`` bfloat16, uint16 bit patterns come back viewed as
     ``ml_dtypes.bfloat16``; other dtypes leave the array as it is. A torch
@@ -150,7 +158,9 @@ def to_host(x, dtype=None):
         host = x
     elif is_device_array(x):
         dev, _ = as_device(x, "array")
-        host = dev.copy_to_host()
+        host = dev.copy_to_host(stream=stream)
+        if stream:
+            stream.synchronize()
     elif _is_torch(x) and logical_dtype(x) == BFLOAT16:     # a CPU tensor; NumPy has no bf16
         import torch
 
@@ -169,8 +179,15 @@ def host_bits(x):
     return x.view(storage_dtype(x.dtype))
 
 
-def zeros(shape, dtype):
-    """A zero-filled device array for logical ``dtype`` (uint16 for bfloat16)."""
+def zeros(shape, dtype, stream=None):
+    """A zero-filled device array for logical ``dtype`` (uint16 for bfloat16).
+
+    With ``stream`` None the zeros have landed when this returns, so kernels
+    on any stream may use the array (a plan's buffers, a cache's pools);
+    with a numba stream (0: the legacy default stream) the fill is enqueued
+    there, ahead of the kernels the caller launches next on it. (``cuMemsetD8``
+    returns before it is done, and a non-blocking stream, which every torch
+    stream is, does not wait for the default one.)"""
     dtype = storage_dtype(dtype)
     arr = cuda.device_array(shape, dtype=dtype)
     if config.ENABLE_CUDASIM:
@@ -178,28 +195,55 @@ def zeros(shape, dtype):
     elif arr.size:
         from numba.cuda.cudadrv.driver import device_memset
 
-        device_memset(arr, 0, arr.nbytes)
+        device_memset(arr, 0, arr.nbytes, stream=0 if stream is None else stream)
+        if stream is None:
+            cuda.default_stream().synchronize()
     return arr
 
 
-def zeros_like_input(x, shape, dtype):
+def zeros_like_input(x, shape, dtype, stream=0):
     """A zero-filled result ``shape`` of logical ``dtype`` in the library of
     input ``x``: ``(device array the kernels write, the caller's result)``.
     A torch tensor (on ``x``'s device) for torch input, a CuPy array for CuPy
-    input, else a numba device array (both members the same array)."""
+    input, else a numba device array (both members the same array). The fill
+    is enqueued on numba stream ``stream`` (0: the default stream), the one
+    the kernels that write the result launch on; the torch and CuPy
+    allocators then also tie the memory to that stream."""
+    handle = _handle(stream)
     if _is_torch(x) and _torch_on_device(x):
         import torch
 
-        result = torch.zeros(tuple(shape), dtype=torch_dtype(dtype), device=x.device)
+        if config.ENABLE_CUDASIM:       # a CPU tensor: no streams
+            result = torch.zeros(tuple(shape), dtype=torch_dtype(dtype), device=x.device)
+        else:
+            on = (torch.cuda.ExternalStream(handle, device=x.device) if handle
+                  else torch.cuda.default_stream(x.device))
+            with torch.cuda.stream(on):
+                result = torch.zeros(tuple(shape), dtype=torch_dtype(dtype), device=x.device)
         return as_device(result, "out")[0], result
     if _is_cupy(x):
         import cupy
 
-        with cupy.cuda.Device(x.device.id):
+        with cupy.cuda.Device(x.device.id), (cupy.cuda.ExternalStream(handle) if handle
+                                             else cupy.cuda.Stream.null):
             result = cupy.zeros(tuple(shape), storage_dtype(dtype))
         return as_device(result, "out")[0], result
-    dev = zeros(shape, dtype)
+    dev = zeros(shape, dtype, stream)
     return dev, dev
+
+
+def synchronize():
+    """Wait for all work on the current device, on every stream (a no-op
+    under the simulator, where kernels run as they are called)."""
+    if not config.ENABLE_CUDASIM:
+        cuda.synchronize()
+
+
+def _handle(stream):
+    """The ``cudaStream_t`` of numba stream ``stream`` (0 for 0 or the simulator)."""
+    if not stream or config.ENABLE_CUDASIM:
+        return 0
+    return int(getattr(stream.handle, "value", stream.handle) or 0)
 
 
 def view_like_input(dev, x, dtype):

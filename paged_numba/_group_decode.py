@@ -124,12 +124,14 @@ class GroupDecode:
     lens, stream)`` enqueues the kernel (and the merge when split) writing
     ``out [num_seqs, num_heads, head_size]`` and ``lse [num_seqs, num_heads]``.
     ``part_out [num_seqs, num_parts, num_heads, head_size]`` and ``part_lse
-    [num_seqs, num_parts, num_heads]`` float32 hold the split's partial states."""
+    [num_seqs, num_parts, num_heads]`` float32 hold the split's partial states.
+    The scratch is zeroed and the fixed index arrays uploaded on numba stream
+    ``stream``, the launches' (None, for a plan: done when the constructor returns)."""
 
     BLOCK_N = BLOCK_N
 
     def __init__(self, cache, num_seqs, num_heads, hpb, num_parts, scale, variants, out, lse,
-                 kernel=None):
+                 kernel=None, stream=None):
         self.cache, self.num_seqs, self.num_heads = cache, num_seqs, num_heads
         self.heads_per_block, self.num_parts = hpb, num_parts
         kernel = DEFAULT_KERNEL if kernel is None else kernel     # checked by group_kernel
@@ -165,20 +167,20 @@ class GroupDecode:
         self.out, self.lse = out, lse
         n, d = num_seqs, cache.head_size
         if num_parts > 1:
-            self.part_out = _arrays.zeros((n, num_parts, num_heads, d), np.float32)
-            self.part_lse = _arrays.zeros((n, num_parts, num_heads), np.float32)
+            self.part_out = _arrays.zeros((n, num_parts, num_heads, d), np.float32, stream)
+            self.part_lse = _arrays.zeros((n, num_parts, num_heads), np.float32, stream)
         else:
             self.part_out, self.part_lse = out, lse
         seqs = np.arange(n + 1, dtype=np.int32)
-        self._fixed = (_arrays.as_device(seqs, "cu_seqlens_q")[0],)
-        self._tiles = (_arrays.as_device(seqs[:n], "tile_seq")[0],
-                       _arrays.as_device(np.zeros(n, np.int32), "tile_q0")[0])
+        self._fixed = (_arrays.as_device(seqs, "cu_seqlens_q", stream)[0],)
+        self._tiles = (_arrays.as_device(seqs[:n], "tile_seq", stream)[0],
+                       _arrays.as_device(np.zeros(n, np.int32), "tile_q0", stream)[0])
         self._scale, self._variants = np.float32(scale), variants
         self.merge = None
         self.fused_merge = fused
         self._tickets = ()
         if fused:       # the kernel's last part of each item merges: no merge launch
-            self._tickets = (_arrays.zeros(num_seqs * (num_heads // hpb), np.int32),)
+            self._tickets = (_arrays.zeros(num_seqs * (num_heads // hpb), np.int32, stream),)
         elif num_parts > 1 and num_seqs:
             self.merge = _launch.PackedLaunch(merge_kernel(cache.dtype.name),
                                               (num_heads, num_seqs), 128,

@@ -188,6 +188,16 @@ class PackedLaunch:
         _launches[0] += 1
         self._enqueue(stream)
 
+    def launch_grid(self, grid, stream=None):
+        """The launch with another ``grid`` (a tuple; same block and
+        arguments), for kernels whose arguments do not depend on it."""
+        grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        if config.ENABLE_CUDASIM:
+            self.grid = grid
+        else:
+            self._dims = (*grid3, *self._dims[3:])
+        self(stream)
+
     def _enqueue(self, stream):
         """The launch itself, not counted (a graph capture calls this)."""
         if config.ENABLE_CUDASIM:

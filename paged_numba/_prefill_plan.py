@@ -12,11 +12,12 @@ from .kernels.prefill_fp8 import staging_bytes
 from .kernels.prefill_wgmma import wgmma_shared_bytes
 from .kernels.prefill_wgmma_ws import STAGES as WS_STAGES, ws_shared_bytes
 
-def _host_int(name, x):
-    """A host int64 copy of an integer array (device arrays are copied), its
-    entries checked against the int32 range the kernels narrow them to. Lists
-    and tuples are checked entry by entry (:func:`_checks.int_sequence`)."""
-    host = x if isinstance(x, (list, tuple)) else _arrays.to_host(x)
+def _host_int(name, x, stream=0):
+    """A host int64 copy of an integer array (device arrays are copied, after
+    the work on numba stream ``stream``), its entries checked against the
+    int32 range the kernels narrow them to. Lists and tuples are checked entry
+    by entry (:func:`_checks.int_sequence`)."""
+    host = x if isinstance(x, (list, tuple)) else _arrays.to_host(x, None, stream)
     return C.int_array(name, host, dtype=np.int64)
 
 

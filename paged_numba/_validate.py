@@ -136,22 +136,24 @@ def check_int_array(name, x):
         raise ValueError(f"{name} must hold integers, but got dtype {dtype.name}.")
 
 
-def int32_device(name, x, validate):
+def int32_device(name, x, validate, stream=0):
     """``(device int32 array, host copy)`` of a kernel's integer array argument
     ``x`` (any shape: a table ``[num_seqs, max_blocks]``, lengths ``[num_seqs]``).
 
     A NumPy array, list or tuple (nested for a table) is checked against the
     int32 range before it is narrowed (always: it is on the host anyway) and
     copied to the device; a CUDA array must already be int32, and its host
-    copy is made only when ``validate`` (else None)."""
+    copy is made only when ``validate`` (else None). Both copies go on numba
+    stream ``stream``, the launch's: the upload lands before the kernels, the
+    host copy sees what the caller wrote there."""
     if isinstance(x, (np.ndarray, list, tuple)):
         host = np.ascontiguousarray(C.int_array(name, x))
-        return _arrays.as_device(host, name)[0], host
+        return _arrays.as_device(host, name, stream)[0], host
     dev, _ = _arrays.as_device(x, name)      # a TypeError naming it if x is not an array
     check_int_array(name, x)
     if np.dtype(dev.dtype) != np.int32:
         raise ValueError(f"{name} on the device must be int32, but got {np.dtype(dev.dtype).name}.")
-    return dev, (dev.copy_to_host() if validate else None)
+    return dev, (dev.copy_to_host(stream=stream) if validate else None)
 
 
 def is_csr(block_tables):
@@ -166,14 +168,14 @@ def is_csr(block_tables):
                     for a in block_tables))
 
 
-def padded_tables(block_tables, seq_lens, cache, validate):
+def padded_tables(block_tables, seq_lens, cache, validate, stream=0):
     """Accept a padded table or a CSR page table; return ``(block_tables, seq_lens)``.
 
     A CSR page table (:func:`is_csr`: ``CSRTable(kv_indptr [num_seqs + 1],
     kv_indices [nnz], kv_last_page_len [num_seqs])``) is converted to the
     padded ``[num_seqs, max_blocks]`` form on the host (``seq_lens`` may then
-    be None: it follows from the CSR arrays). Anything else is a padded
-    table, returned as it is."""
+    be None: it follows from the CSR arrays; device CSR arrays are read on
+    numba stream ``stream``). Anything else is a padded table, returned as it is."""
     if not is_csr(block_tables):
         if seq_lens is None:
             raise ValueError("seq_lens is required with a padded block table (pass a CSR page "
@@ -182,14 +184,15 @@ def padded_tables(block_tables, seq_lens, cache, validate):
         return block_tables, seq_lens
     from .page_tables import csr_to_padded, validate_csr
 
-    indptr, indices, last = (a if isinstance(a, (list, tuple)) else _arrays.to_host(a)
+    indptr, indices, last = (a if isinstance(a, (list, tuple)) else _arrays.to_host(a, None, stream)
                              for a in block_tables)
     if validate:
         validate_csr(indptr, indices, last, cache.num_blocks, cache.block_size)
     tables, lens = csr_to_padded(indptr, indices, last, cache.block_size)
     if seq_lens is not None:
         given = (C.int_array("seq_lens", seq_lens, dtype=np.int64)
-                 if isinstance(seq_lens, (list, tuple)) else np.asarray(_arrays.to_host(seq_lens)))
+                 if isinstance(seq_lens, (list, tuple))
+                 else np.asarray(_arrays.to_host(seq_lens, None, stream)))
         if given.shape != lens.shape or not np.array_equal(given, lens):
             raise ValueError(f"seq_lens {given.tolist()} disagree with the CSR page table, "
                              f"which gives {lens.tolist()}.")
@@ -208,9 +211,10 @@ def scale_of(scale, head_size):
     return 1.0 / math.sqrt(head_size) if scale is None else C.real("scale", scale)
 
 
-def variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
+def variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap, stream=None):
     """Checked ``(alibi_slopes device [num_heads] float32, soft_cap, window)`` kernel
-    arguments: zeros, 0.0 and 0 for None.
+    arguments: zeros, 0.0 and 0 for None. The slopes are read and uploaded
+    on numba stream ``stream`` (:func:`_arrays.as_device`; None for a plan's).
 
     The window is an integer in ``[1, 2**31 - 1]``; the soft cap a positive
     finite number; the slopes ``[num_heads]`` floats, finite, and (like the
@@ -224,7 +228,7 @@ def variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
     if alibi_slopes is None:
         slopes = np.zeros(num_heads, np.float32)
     else:
-        slopes = np.asarray(_arrays.to_host(alibi_slopes))
+        slopes = np.asarray(_arrays.to_host(alibi_slopes, None, stream or 0))
         if slopes.shape != (num_heads,) or not np.issubdtype(slopes.dtype, np.floating):
             raise ValueError(f"alibi_slopes must be float [num_heads] = [{num_heads}], but got "
                              f"{slopes.dtype} {shape_of(slopes)}.")
@@ -236,7 +240,8 @@ def variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap):
                              f"most {C.KERNEL_FLOAT_MAX:.4g} in magnitude (the kernels compute "
                              f"in float32).")
         slopes = slopes.astype(np.float32)
-    return _arrays.as_device(slopes, "alibi_slopes")[0], np.float32(soft_cap), np.int32(window)
+    return (_arrays.as_device(slopes, "alibi_slopes", stream)[0], np.float32(soft_cap),
+            np.int32(window))
 
 
 def check_tables(block_tables, seq_lens, num_blocks, block_size):

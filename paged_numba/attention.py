@@ -120,15 +120,16 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     return_lse, validate = C.flag("return_lse", return_lse), C.flag("validate", validate)
     pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
     handle = _launch.stream_handle(stream)
-    q, from_host = _arrays.as_device(query, "query")
+    ns = _launch.numba_stream(handle)    # every copy and fill goes ahead of the kernels on it
+    q, from_host = _arrays.as_device(query, "query", ns)
     num_seqs, num_heads, head_size = V.check_query(query, q, cache,
                                                    "[num_seqs, num_heads, head_size]")
     if num_seqs > V.MAX_GRID_YZ:
         raise ValueError(f"paged_decode takes at most {V.MAX_GRID_YZ} sequences (the grid's "
                          f"limit), but got {num_seqs}.")
-    block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
-    tables, tables_host = _int32_device("block_tables", block_tables, validate)
-    lens, lens_host = _int32_device("seq_lens", seq_lens, validate)
+    block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate, ns)
+    tables, tables_host = _int32_device("block_tables", block_tables, validate, ns)
+    lens, lens_host = _int32_device("seq_lens", seq_lens, validate, ns)
     V.check_ndim("block_tables", tables, 2, "[num_seqs, max_blocks]")
     if tables.shape[0] != num_seqs:
         raise ValueError(
@@ -137,10 +138,10 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     if validate:
         V.check_tables(tables_host, lens_host, cache.num_blocks, cache.block_size)
     scale = V.scale_of(scale, head_size)
-    variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
+    variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap, ns)
     out_dtype = V.compute_dtype("query", query, cache)     # the cache's; fp8: the query's
     results = Results(query, out, lse, (num_seqs, num_heads, head_size), out_dtype,
-                      (num_seqs, num_heads), () if from_host else (("query", q),))
+                      (num_seqs, num_heads), () if from_host else (("query", q),), stream=ns)
     out, lse = results.out, results.lse
     tile = group_tile(cache, num_heads)
     if tile is not None:       # MQA and groups of 32 or more: the prefill tile
@@ -150,7 +151,7 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                                 "num_partitions", num_partitions, lo=1, hi=V.MAX_GRID_YZ)
         if num_seqs:
             for launch in GroupDecode(cache, num_seqs, num_heads, tile, parts, scale, variants,
-                                      out, lse).launches(q, tables, lens):
+                                      out, lse, stream=ns).launches(q, tables, lens):
                 launch(handle)
         return results.finish(return_lse)
     hpb = default_heads_per_block(num_heads // cache.num_kv_heads, cache, None, pv_mma)
@@ -171,8 +172,9 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
                                  (out.reshape(num_seqs, 1, num_heads, head_size),
                                   lse.reshape(num_seqs, 1, num_heads), *args))(handle)
         else:
-            part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size), np.float32)
-            part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32)
+            part_out = _arrays.zeros((num_seqs, num_partitions, num_heads, head_size),
+                                     np.float32, ns)
+            part_lse = _arrays.zeros((num_seqs, num_partitions, num_heads), np.float32, ns)
             _launch.PackedLaunch(kernel, grid, threads, (part_out, part_lse, *args))(handle)
             _launch.launch(merge_kernel(out_dtype.name), (num_heads, num_seqs), 128,
                            (out, lse, part_out, part_lse), stream=handle)
@@ -422,11 +424,12 @@ class DecodePlan:
         """
         validate = C.flag("validate", validate)
         handle = _launch.stream_handle(stream)
+        ns = _launch.numba_stream(handle)   # the host copies read what was written there
         inputs = (query, block_tables, seq_lens, out, lse)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
-            self._pack(inputs)   # new buffers: checked (host copies) and packed once
+            self._pack(inputs, ns)   # new buffers: checked (host copies) and packed once
         elif validate:
-            self._check(inputs)
+            self._check(inputs, ns)
         if self.num_seqs:
             self._graph(handle)
         if out is not None:
@@ -459,7 +462,7 @@ class DecodePlan:
         """
         self.cache.check()
 
-    def _check(self, inputs):
+    def _check(self, inputs, stream=0):
         query, block_tables, seq_lens, out, lse = inputs
         for name, x in zip(("query", "block_tables", "seq_lens"), inputs):
             if not _arrays.is_device_array(x):
@@ -472,8 +475,8 @@ class DecodePlan:
         if not q.is_c_contiguous():
             raise ValueError(f"query must be C-contiguous, but got strides {q.strides}.")
         V.check_dtype("query", query, self.query_dtype)
-        tables, tables_host = _int32_device("block_tables", block_tables, True)
-        lens, lens_host = _int32_device("seq_lens", seq_lens, True)
+        tables, tables_host = _int32_device("block_tables", block_tables, True, stream)
+        lens, lens_host = _int32_device("seq_lens", seq_lens, True, stream)
         if V.shape_of(tables) != (self.num_seqs, self.max_blocks):
             raise ValueError(f"block_tables must be [{self.num_seqs}, {self.max_blocks}] for this "
                              f"plan, but got {V.shape_of(tables)}.")
@@ -485,8 +488,8 @@ class DecodePlan:
             raise ValueError("out and lse share memory; they must be separate buffers.")
         return q, tables, lens, out, lse
 
-    def _pack(self, inputs):
-        q, tables, lens, out, lse = self._check(inputs)
+    def _pack(self, inputs, stream=0):
+        q, tables, lens, out, lse = self._check(inputs, stream)
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
         n, h, d = self.num_seqs, self.num_heads, self.cache.head_size

@@ -8,11 +8,13 @@ A physical block is the contiguous slab ``pool[b]`` (``pool[l, b]`` in a
 layered cache) in every layout, so a block moves as one run of bytes per
 pool: K and V in "nhd", "vllm" and "hnd", the one pool in "interleaved".
 """
+import weakref
+
 import numpy as np
 from numba import config, cuda
 
 from ._arrays import logical_dtype, storage_dtype
-from ._launch import launch, numba_stream
+from ._launch import PackedLaunch, launch, numba_stream, stream_handle
 from .kernels.copy_blocks import copy_blocks_kernel, stage_blocks_kernel
 
 MAX_THREADS = 128
@@ -78,6 +80,9 @@ def check_pairs(pairs, num_src, num_dst, same_pool, src_name="source", dst_name=
         raise ValueError(f"pairs must be [num_pairs, 2] (source, destination), but got shape "
                          f"{tuple(arr.shape)}.")
     arr = arr.astype(np.int64)
+    if _pairs_ok(arr, num_src, num_dst, same_pool):
+        return arr
+    # something is wrong: find the first offending pair, for the message
     for col, name, limit in ((0, src_name, num_src), (1, dst_name, num_dst)):
         bad = np.flatnonzero((arr[:, col] < 0) | (arr[:, col] >= limit))
         if bad.size:
@@ -104,6 +109,22 @@ def check_pairs(pairs, num_src, num_dst, same_pool, src_name="source", dst_name=
                 f"(pairs[{int(np.flatnonzero(dst == s)[0])}, 1]); the pairs of one call are "
                 f"copied concurrently, so split them into two calls.")
     return arr
+
+
+def _pairs_ok(arr, num_src, num_dst, same_pool):
+    """Whether int64 pairs ``[n, 2]`` pass :func:`check_pairs`' checks, in
+    O(n + num_dst) where the destinations' counts fit (a ten-fold faster test
+    than sorting; the caller finds the offending pair only when one is wrong).
+    None when the pool is too large to count in: the caller checks as usual."""
+    src, dst = arr[:, 0], arr[:, 1]
+    if src.min() < 0 or src.max() >= num_src or dst.min() < 0 or dst.max() >= num_dst:
+        return False
+    if num_dst > 64 * len(dst) + 65536:
+        return None
+    counts = np.bincount(dst, minlength=num_dst)
+    if counts.max() > 1:
+        return False
+    return not (same_pool and counts[src].any())
 
 
 def copy_blocks(cache, pairs, *, stream=None):
@@ -150,15 +171,94 @@ def copy_blocks(cache, pairs, *, stream=None):
     ValueError: block 2 is both a source (pairs[1, 0]) and a destination (pairs[0, 1]); the pairs of one call are copied concurrently, so split them into two calls.
     """
     _check_cache(cache)
-    stream = numba_stream(stream)
+    handle = stream_handle(stream)
     arr = check_pairs(pairs, cache.num_blocks, cache.num_blocks, same_pool=True)
     if arr.shape[0] == 0:
         return
-    k, v, has_value = _flat_pools(cache)
-    vec, threads = _vector_threads(k, v)
-    kernel = copy_blocks_kernel(vec, has_value)
-    d_pairs = cuda.to_device(arr.astype(np.int32), stream=stream)
-    launch(kernel, (arr.shape[0], k.shape[0]), threads, (k, v, d_pairs), stream=stream)
+    if config.ENABLE_CUDASIM:
+        k, v, has_value = _flat_pools(cache)
+        vec, threads = _vector_threads(k, v)
+        launch(copy_blocks_kernel(vec, has_value), (arr.shape[0], k.shape[0]), threads,
+               (k, v, cuda.to_device(arr.astype(np.int32))))
+        return
+    launcher = _copy_launchers.get(cache)
+    if launcher is None or not launcher.fits(cache, arr.shape[0]):
+        launcher = _copy_launchers[cache] = _CopyLaunch(cache, arr.shape[0], launcher)
+    launcher(arr, handle)
+
+
+# a cache's copy_blocks launcher (its pair buffers), made at its first copy
+_copy_launchers = weakref.WeakKeyDictionary()
+
+
+class _CopyLaunch:
+    """``copy_blocks`` of one cache without numba's dispatch or a synchronous
+    upload: the pairs go into one of ``SLOTS`` pinned buffers, up to the
+    device by an asynchronous copy on the launch's stream, and the kernel is
+    a :class:`PackedLaunch` over that slot's device buffer (the grid set per
+    call: the kernel reads only its own pair). A slot is written again only
+    after its last upload has left the pinned buffer (an event, waited on
+    the host: at once unless the stream is ``SLOTS`` calls behind) and its
+    device buffer is rewritten only after the kernel that read it (an event
+    the stream waits on, a no-op on the same stream)."""
+
+    SLOTS = 4
+
+    def __init__(self, cache, num_pairs, old=None):
+        from cuda.bindings import driver as drv
+
+        self._drv = drv
+        self.capacity = max(256, num_pairs, 2 * (old.capacity if old else 0))
+        k, v, has_value = _flat_pools(cache)
+        vec, threads = _vector_threads(k, v)
+        kernel = copy_blocks_kernel(vec, has_value)
+        self.layers = k.shape[0]
+        self._pools = (cache.key_cache, cache.value_cache)
+        flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._slots = []
+        for _ in range(self.SLOTS):
+            host = cuda.pinned_array((self.capacity, 2), np.int32)
+            dev = cuda.device_array((self.capacity, 2), np.int32)
+            packed = PackedLaunch(kernel, (self.capacity, self.layers), threads, (k, v, dev))
+            uploaded, read = (self._check(drv.cuEventCreate(flags)) for _ in range(2))
+            self._slots.append([host, dev, packed, uploaded, read, False])
+        self._next = 0
+
+    def fits(self, cache, num_pairs):
+        """True while ``cache`` has the pools this was made for and ``num_pairs`` fit."""
+        return (num_pairs <= self.capacity and cache.key_cache is self._pools[0]
+                and cache.value_cache is self._pools[1])
+
+    def __del__(self):
+        try:
+            for slot in self._slots:
+                self._drv.cuEventDestroy(slot[3])
+                self._drv.cuEventDestroy(slot[4])
+        except Exception:       # interpreter shutdown: the driver may be gone
+            pass
+
+    def _check(self, result):
+        err, *value = result
+        if err != self._drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"copy_blocks: a CUDA driver call failed: {err!r}")
+        return value[0] if value else None
+
+    def __call__(self, arr, handle):
+        drv, check = self._drv, self._check
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % self.SLOTS
+        host, dev, packed, uploaded, read, used = slot
+        n = arr.shape[0]
+        if used:
+            check(drv.cuEventSynchronize(uploaded))
+            check(drv.cuStreamWaitEvent(handle, read, 0))
+        host[:n] = arr
+        check(drv.cuMemcpyHtoDAsync(dev.device_ctypes_pointer.value, host.ctypes.data,
+                                    n * 8, handle))
+        check(drv.cuEventRecord(uploaded, handle))
+        packed.launch_grid((n, self.layers), handle)
+        check(drv.cuEventRecord(read, handle))
+        slot[5] = True
 
 
 def host_pool_shape(cache, num_blocks):

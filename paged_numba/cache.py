@@ -280,9 +280,11 @@ class PagedKVCache:
         ValueError: write_kv was given slot_mapping[1] = 8 (validate=False), outside [0, 8) (-1 marks padding); that token was not written.
         >>> cache.check()                               # cleared
         """
+        _arrays.synchronize()       # the kernels may run on any stream
         word = _arrays.to_host(self.errors)
         if word[0]:
             self.errors.copy_to_device(np.zeros(WORDS, np.int64))
+            _arrays.synchronize()
             raise ValueError(offence_message(word, self))
 
     @property

@@ -63,10 +63,11 @@ def _count(name, value, allow_zero=True):
     return int(value)
 
 
-def check_shared_table(shared_block_table, shared_len, cache):
+def check_shared_table(shared_block_table, shared_len, cache, stream=0):
     """The used entries of ``shared_block_table`` as host int32 ``[ceil(shared_len /
     block_size)]``, after checking that it is a 1-D integer array long enough for
-    ``shared_len`` tokens whose used entries are block ids of ``cache``.
+    ``shared_len`` tokens whose used entries are block ids of ``cache`` (a
+    device table is read after the work on numba stream ``stream``).
 
     >>> from paged_numba import PagedKVCache
     >>> cache = PagedKVCache(num_blocks=4, block_size=4, num_kv_heads=1, head_size=8)
@@ -80,7 +81,7 @@ def check_shared_table(shared_block_table, shared_len, cache):
     shared_len = _count("shared_len", shared_len)
     if isinstance(shared_block_table, (list, tuple)):
         shared_block_table = C.int_sequence("shared_block_table", shared_block_table)
-    table = np.asarray(_arrays.to_host(shared_block_table))
+    table = np.asarray(_arrays.to_host(shared_block_table, None, stream))
     V.check_int_array("shared_block_table", table)
     if table.ndim != 1:
         raise ValueError(f"shared_block_table must be [max_shared_blocks], but got shape "
@@ -453,11 +454,12 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
     """
     V.check_cache(cache)
     handle = _launch.stream_handle(stream)
-    q, from_host = _arrays.as_device(query, "query")
+    ns = _launch.numba_stream(handle)    # every copy and fill goes ahead of the kernels on it
+    q, from_host = _arrays.as_device(query, "query", ns)
     num_seqs, num_heads, _ = V.check_query(query, q, cache, "[num_seqs, num_heads, head_size]")
-    table = check_shared_table(shared_block_table, shared_len, cache)
-    tables, tables_host = _int32_device("block_tables", block_tables, validate)
-    lens, lens_host = _int32_device("seq_lens", seq_lens, validate)
+    table = check_shared_table(shared_block_table, shared_len, cache, ns)
+    tables, tables_host = _int32_device("block_tables", block_tables, validate, ns)
+    lens, lens_host = _int32_device("seq_lens", seq_lens, validate, ns)
     V.check_ndim("block_tables", tables, 2, "[num_seqs, max_blocks]")
     if tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables must have num_seqs = {num_seqs} rows, but got shape "
@@ -472,6 +474,6 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
                              tensor_cores=tensor_cores)
     results = Results(query, out, lse, (num_seqs, num_heads, cache.head_size), cache.dtype,
                       (num_seqs, num_heads), () if from_host else (("query", q),),
-                      spare=(plan.out, plan.lse))
+                      spare=(plan.out, plan.lse), stream=ns)
     plan.run(q, tables, lens, out=results.out, lse=results.lse, stream=handle)
     return results.finish(return_lse)

@@ -247,7 +247,8 @@ class Results:
     device buffers in place, and NumPy buffers get the results copied in
     after the launch. Those not given are allocated in ``like``'s library,
     or are ``spare``'s numba device arrays ``(out, lse)`` (a plan's own,
-    say) where the caller gets NumPy or numba results.
+    say) where the caller gets NumPy or numba results. New arrays are zeroed,
+    and NumPy results copied back, on numba stream ``stream``: the launch's.
 
     Attributes
     ----------
@@ -255,8 +256,10 @@ class Results:
         What the kernels write.
     """
 
-    def __init__(self, like, out, lse, out_shape, out_dtype, lse_shape, inputs=(), spare=None):
+    def __init__(self, like, out, lse, out_shape, out_dtype, lse_shape, inputs=(), spare=None,
+                 stream=0):
         self.host = isinstance(like, np.ndarray)
+        self._stream = stream
         self.dtype = np.dtype(out_dtype)
         self._given = (out, lse)
         views = []
@@ -285,9 +288,9 @@ class Results:
                 devs.append(spare[j])
                 self._results[j] = spare[j]
             elif self.host:
-                devs.append(_arrays.zeros(shape, dt))
+                devs.append(_arrays.zeros(shape, dt, stream))
             else:
-                dev, self._results[j] = _arrays.zeros_like_input(like, shape, dt)
+                dev, self._results[j] = _arrays.zeros_like_input(like, shape, dt, stream)
                 devs.append(dev)
         self.out, self.lse = devs
 
@@ -300,10 +303,10 @@ class Results:
             if not self.host:
                 results.append(given if given is not None else made)
             elif given is not None:
-                dev.copy_to_host(given.view(_arrays.storage_dtype(dt)))
+                dev.copy_to_host(given.view(_arrays.storage_dtype(dt)), stream=self._stream)
                 results.append(given)
             else:
-                results.append(_arrays.to_host(dev, dt))
+                results.append(_arrays.to_host(dev, dt, self._stream))
         return tuple(results) if return_lse else results[0]
 
 

@@ -54,8 +54,9 @@ def merge_states(v, s, *, out=None, lse=None, stream=None, validate=True):
     """
     validate = C.flag("validate", validate)
     handle = _launch.stream_handle(stream)
-    vd, _ = _arrays.as_device(v, "v")
-    sd, _ = _arrays.as_device(s, "s")
+    ns = _launch.numba_stream(handle)    # every copy and fill goes ahead of the kernel on it
+    vd, _ = _arrays.as_device(v, "v", ns)
+    sd, _ = _arrays.as_device(s, "s", ns)
     if validate:
         V.check_ndim("v", vd, 4, "[num_rows, num_states, num_heads, head_size]")
         V.check_ndim("s", sd, 3, "[num_rows, num_states, num_heads]")
@@ -72,7 +73,7 @@ def merge_states(v, s, *, out=None, lse=None, stream=None, validate=True):
         raise ValueError(f"v must be float16, float32 or bfloat16, but got {dt.name}.")
     n, _, h, d = V.shape_of(vd)
     inputs = () if isinstance(v, np.ndarray) else (("v", vd), ("s", sd))
-    results = Results(v, out, lse, (n, h, d), dt, (n, h), inputs)
+    results = Results(v, out, lse, (n, h, d), dt, (n, h), inputs, stream=ns)
     if n and h:
         _launch.launch(merge_kernel(dt.name, dt.name), (h, n), 128,
                        (results.out, results.lse, vd, sd), stream=handle)

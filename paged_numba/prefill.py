@@ -256,11 +256,12 @@ class PrefillPlan:
         """
         validate = C.flag("validate", validate)
         handle = _launch.stream_handle(stream)
+        ns = _launch.numba_stream(handle)
         inputs = (query, block_tables, out, lse)
         if self._inputs is None or any(a is not b for a, b in zip(inputs, self._inputs)):
-            self._pack(inputs)
+            self._pack(inputs, stream=ns)
         elif validate:
-            self._check(inputs, True)
+            self._check(inputs, True, ns)
         if self.num_tiles:
             self._launch(handle)
         if out is not None:
@@ -273,15 +274,15 @@ class PrefillPlan:
         cache, whose error word every kernel on it shares), and clear it."""
         self.cache.check()
 
-    def _check(self, inputs, validate=True):
+    def _check(self, inputs, validate=True, stream=0):
         query, block_tables, out, lse = inputs
-        q = _arrays.as_device(query, "query")[0]
+        q = _arrays.as_device(query, "query", stream)[0]
         expect = (self.total_q, self.num_heads, self.cache.head_size)
         if V.shape_of(q) != expect:
             raise ValueError(f"query must be [total_q, num_heads, head_size] = {list(expect)}, "
                              f"but got {V.shape_of(q)}.")
         V.check_dtype("query", q, self.query_dtype)
-        tables, tables_host = _int32_device("block_tables", block_tables, validate)
+        tables, tables_host = _int32_device("block_tables", block_tables, validate, stream)
         V.check_ndim("block_tables", tables, 2, "[num_seqs, max_blocks]")
         if tables.shape[0] != self.num_seqs:
             raise ValueError(f"block_tables must have num_seqs = {self.num_seqs} rows, but got "
@@ -295,8 +296,10 @@ class PrefillPlan:
             raise ValueError("out and lse share memory; they must be separate buffers.")
         return q, tables, out, lse
 
-    def _pack(self, inputs, validate=True):
-        q, tables, out, lse = self._check(inputs, validate)
+    def _pack(self, inputs, validate=True, stream=0):
+        """Check ``inputs`` and pack the launch; ``stream`` (numba's) is the
+        one the uploads and host copies of host or new inputs go on: the launch's."""
+        q, tables, out, lse = self._check(inputs, validate, stream)
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
         c = self.cache
@@ -427,11 +430,14 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     V.check_cache(cache)
     return_lse, validate = C.flag("return_lse", return_lse), C.flag("validate", validate)
     handle = _launch.stream_handle(stream)
-    q, from_host = _arrays.as_device(query, "query")
+    ns = _launch.numba_stream(handle)    # every copy and fill goes ahead of the kernels on it
+    q, from_host = _arrays.as_device(query, "query", ns)
     total_q, num_heads, head_size = V.check_query(query, q, cache,
                                                   "[total_q, num_heads, head_size]")
-    block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate)
-    cu = _host_int("cu_seqlens_q", cu_seqlens_q)
+    block_tables, seq_lens = _padded(block_tables, seq_lens, cache, validate, ns)
+    cu = _host_int("cu_seqlens_q", cu_seqlens_q, ns)
+    if seq_lens is not None and not isinstance(seq_lens, (list, tuple)):
+        seq_lens = _host_int("seq_lens", seq_lens, ns)       # read after the caller's writes
     if cu.ndim != 1 or cu.size == 0:
         raise ValueError(f"cu_seqlens_q must be [num_seqs + 1], but got shape {V.shape_of(cu)}.")
     if int(cu[-1]) != total_q:
@@ -443,8 +449,8 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
                        query_dtype=V.compute_dtype("query", query, cache), **tiling)
     results = Results(query, out, lse, (total_q, num_heads, head_size), plan.query_dtype,
                       (total_q, num_heads), () if from_host else (("query", q),),
-                      spare=(plan.out, plan.lse))
-    plan._pack((q, block_tables, results.out, results.lse), validate)
+                      spare=(plan.out, plan.lse), stream=ns)
+    plan._pack((q, block_tables, results.out, results.lse), validate, ns)
     if plan.num_tiles:
         plan._launch(handle)
     return results.finish(return_lse)

@@ -74,8 +74,9 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
     V.check_cache(cache)
     validate = C.flag("validate", validate)
     handle = _launch.stream_handle(stream)
-    k, _ = _arrays.as_device(key, "key")
-    v, _ = _arrays.as_device(value, "value")
+    ns = _launch.numba_stream(handle)    # uploads go ahead of the kernel, reads after the caller's writes
+    k, _ = _arrays.as_device(key, "key", ns)
+    v, _ = _arrays.as_device(value, "value", ns)
     expected = (cache.num_kv_heads, cache.head_size)
     dtypes = []
     for name, x, given in (("key", k, key), ("value", v, value)):
@@ -97,13 +98,13 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
         slot_mapping = C.int_sequence("slot_mapping", slot_mapping)
     host = isinstance(slot_mapping, np.ndarray)
     if not host:
-        slots, _ = _arrays.as_device(slot_mapping, "slot_mapping")   # TypeError if no array
+        slots, _ = _arrays.as_device(slot_mapping, "slot_mapping", ns)   # TypeError if no array
     V.check_int_array("slot_mapping", slot_mapping)
     if len(slot_mapping.shape) != 1 or slot_mapping.shape[0] != num_tokens:
         raise ValueError(
             f"slot_mapping must be [num_tokens] = [{num_tokens}], but got shape "
             f"{V.shape_of(slot_mapping)}.")
-    slots_host = slot_mapping if host else (slots.copy_to_host() if validate else None)
+    slots_host = slot_mapping if host else (slots.copy_to_host(stream=ns) if validate else None)
     if (validate or host) and num_tokens:
         # compared in the array's own dtype, before any cast (a uint64 2**64 - 1 is not -1)
         bad = np.flatnonzero((slots_host < -1) | (slots_host >= cache.num_slots))
@@ -114,7 +115,7 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
                 f"(-1 marks padding).")
     if host:
         slots_host = slots_host.astype(np.int64)
-        slots, _ = _arrays.as_device(slots_host, "slot_mapping")
+        slots, _ = _arrays.as_device(slots_host, "slot_mapping", ns)
     if validate and num_tokens:
         real = slots_host[slots_host >= 0]
         uniq, counts = np.unique(real, return_counts=True)

@@ -97,6 +97,31 @@ def test_copy_blocks_random_pairs(data, layout):
     np.testing.assert_array_equal(v1, expected_after_copy(v0, pairs, False))
 
 
+def test_copy_blocks_many_calls_in_a_row():
+    """Back-to-back calls (more than the launcher's buffers, growing past their
+    first size, on two streams in turn on a GPU, with no waits between them)
+    each copy their own pairs: a buffer rewritten before its kernel read it
+    would copy another call's. The calls' blocks are disjoint, so the streams
+    may run them in any order."""
+    sizes = [3, 200, 7, 300, 1, 260, 5, 2]
+    num_blocks = 2 * sum(sizes)
+    cache = random_cache("nhd", "float16", num_blocks=num_blocks, block_size=1, head_size=8,
+                         seed=5)
+    k, v = pools(cache)
+    perm = np.random.default_rng(5).permutation(num_blocks)
+    streams = [None] if pn.simulator_enabled() else [cuda.stream(), cuda.stream()]
+    at = 0
+    for call, n in enumerate(sizes):
+        pairs = np.stack([perm[at:at + n], perm[at + n:at + 2 * n]], axis=1)
+        at += 2 * n
+        copy_blocks(cache, pairs, stream=streams[call % len(streams)])
+        k, v = expected_after_copy(k, pairs, False), expected_after_copy(v, pairs, False)
+    cuda.synchronize()
+    k1, v1 = pools(cache)
+    np.testing.assert_array_equal(k1, k)
+    np.testing.assert_array_equal(v1, v)
+
+
 @pytest.mark.parametrize("pairs, match", [
     ([(0, 1, 2)], r"pairs must be \[num_pairs, 2\] .* \(1, 3\)"),
     ([[0.0, 1.0]], "integer block ids, but got dtype float64"),
