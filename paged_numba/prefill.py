@@ -168,7 +168,8 @@ class PrefillPlan:
             auto = (not options and self.num_parts == 1 and
                     (heads_per_block, block_q, block_n, num_warps) == (None,) * 4)
             if fp8:     # the producer kernel widens the codes; its prompt tiling
-                options = {"wgmma": True, "producer": True, **options}
+                # (the lean loop, the default's, not yet checked on a GPU with fp8 pools)
+                options = {"wgmma": True, "producer": True, "lean_loop": False, **options}
                 max_q = None
             *tiling, defaults = tc_tiling(
                 cache, group, max_q, heads_per_block, block_q, block_n, num_warps,

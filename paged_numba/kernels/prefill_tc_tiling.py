@@ -47,7 +47,8 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     prompts at head size 64 or 128: the warpgroup kernel in the swizzled
     layout, 8 warps of 16 rows and 64-key tiles, with a producer warpgroup,
     the two consumer warpgroups taking turns and persistent blocks (one a
-    multiprocessor; :mod:`paged_numba.kernels.prefill_wgmma_ws`, 4 stages) in
+    multiprocessor; :mod:`paged_numba.kernels.prefill_wgmma_ws`, 4 stages) and
+    the lean key loop (32-bit counters, the mask limits once an item) in
     every layout but ``"vllm"``, whose values the producer cannot copy in
     whole rows (there :mod:`paged_numba.kernels.prefill_wgmma`). Otherwise, for prompts up to
     head size 128: 4 warps of two m-tiles (32 rows a warp, 128 rows a tile)
@@ -56,7 +57,8 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     m-tiles): 8 warps of one m-tile and 32-key tiles. Every tiling takes its
     exponentials as ``ex2.approx``. These were the fastest of those timed on
     the H200 (``docs/journal/prefill_tc.md``: prefill v2 options measured,
-    2026-12-01; v8 and v13 measured, 2026-12-02). Where the batch's longest query
+    2026-12-01; v8 and v13 measured, 2026-12-02), the lean loop on an H100
+    (v26, 2026-12-05). Where the batch's longest query
     fills fewer rows (decode-like batches) the tile shrinks to one m-tile a
     warp, with 64-key tiles, and fewer warps, at least one (16 rows).
 
@@ -76,7 +78,7 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     if sm90 and head_size in (64, 128) and (rows is None or rows > 64):
         options = dict(fast_exp2=True, m_tiles=1, wgmma=True, swizzle=True)
         if layout != "vllm":
-            options.update(producer=True, pingpong=True, persistent=True)
+            options.update(producer=True, pingpong=True, persistent=True, lean_loop=True)
         return hpb, 128 // hpb, 64, 8, options
     if head_size <= 128 and (rows is None or rows > 64):
         # two m-tiles a warp: each K/V fragment feeds two products
