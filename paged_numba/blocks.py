@@ -20,9 +20,10 @@ from .kernels.copy_blocks import copy_blocks_kernel, stage_blocks_kernel
 MAX_THREADS = 128
 # device memory a swap stages its blocks through, at most (one DMA per this many bytes)
 STAGING_BYTES = 64 * 2**20
-# a run of host blocks at least this long (on average) is copied by its own DMA;
-# shorter ones go through a pinned buffer that NumPy gathers or scatters
-MIN_RUN_BYTES = 256 * 2**10
+# a run of host blocks at least this long (on average) is copied by its own DMA
+# (one driver call, a few microseconds of host time); shorter ones go through a
+# pinned buffer that NumPy gathers or scatters
+MIN_RUN_BYTES = 16 * 2**10
 
 
 def _check_cache(cache):
@@ -338,7 +339,7 @@ def swap_blocks(src, dst, pairs, *, stream=None):
     pairs. Every layer of a layered cache is copied. The blocks go through a
     device staging array of at most 64 MB at a time: one gather (or scatter)
     kernel a chunk. The pairs are taken in the order of their host blocks;
-    host blocks that form runs (``h, h + 1, ...``) of 256 KB or more on
+    host blocks that form runs (``h, h + 1, ...``) of 16 KB or more on
     average are copied straight into (or from) the pool, one DMA a run;
     shorter runs go through a pinned buffer (kept for the process, at most
     64 MB) that NumPy scatters into (or gathers from) the pool, and the call
@@ -421,8 +422,7 @@ def swap_blocks(src, dst, pairs, *, stream=None):
         if out:
             launch(kernel, (n, k.shape[0]), threads, (k, v, d_ids, staging[:n]), stream=stream)
             if direct:      # one DMA a run, straight into the pool
-                for a, b in runs:
-                    staging[a:b].copy_to_host(host[hids[a]:hids[a] + b - a], stream=stream)
+                _copy_runs(staging, host, hids, runs, True, stream)
             else:           # into pinned memory, then scattered by NumPy
                 buf = _bounce(staging[:n].shape, host.dtype)
                 staging[:n].copy_to_host(buf, stream=stream)
@@ -430,8 +430,7 @@ def swap_blocks(src, dst, pairs, *, stream=None):
                 host[hids] = buf
         else:
             if direct:
-                for a, b in runs:
-                    staging[a:b].copy_to_device(host[hids[a]:hids[a] + b - a], stream=stream)
+                _copy_runs(staging, host, hids, runs, False, stream)
             else:           # gathered by NumPy into pinned memory, then one DMA
                 buf = _bounce(staging[:n].shape, host.dtype)
                 np.take(host, hids, axis=0, out=buf)
@@ -439,6 +438,35 @@ def swap_blocks(src, dst, pairs, *, stream=None):
             launch(kernel, (n, k.shape[0]), threads, (k, v, d_ids, staging[:n]), stream=stream)
             if not direct:
                 _wait(stream)       # the next chunk (or call) reuses the pinned buffer
+    if isinstance(stream, int) and stream == 0 and not config.ENABLE_CUDASIM:
+        cuda.default_stream().synchronize()     # no stream: the copies are done on return
+
+
+def _copy_runs(staging, host, hids, runs, out, stream):
+    """One DMA a run ``(a, b)``: ``staging[a:b]`` to (``out``) or from
+    ``host[hids[a]:hids[a] + b - a]``, enqueued on ``stream``. On a GPU each is
+    one ``cuMemcpy*Async`` on the arrays' addresses (a few microseconds of
+    host time; slicing numba arrays for each run cost tens), asynchronous for
+    a pinned pool; under the simulator, copies between the slices."""
+    if config.ENABLE_CUDASIM:
+        for a, b in runs:
+            if out:
+                staging[a:b].copy_to_host(host[hids[a]:hids[a] + b - a])
+            else:
+                staging[a:b].copy_to_device(host[hids[a]:hids[a] + b - a])
+        return
+    from cuda.bindings import driver as drv
+
+    row = host[0].nbytes                    # one block, every layer, K and V: a staging row
+    hbase, dbase = host.ctypes.data, staging.device_ctypes_pointer.value
+    handle = stream_handle(stream)
+    ok = drv.CUresult.CUDA_SUCCESS
+    for a, b in runs:
+        h, d, nbytes = hbase + int(hids[a]) * row, dbase + a * row, (b - a) * row
+        err, = (drv.cuMemcpyDtoHAsync(h, d, nbytes, handle) if out
+                else drv.cuMemcpyHtoDAsync(d, h, nbytes, handle))
+        if err != ok:
+            raise RuntimeError(f"swap_blocks: a block copy failed: {err!r}")
 
 
 def _wait(stream):
