@@ -33,6 +33,8 @@ import ml_dtypes
 import numpy as np
 from numba import config, cuda
 
+from ._launch import stream_handle
+
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _BITS = np.dtype(np.uint16)     # how bfloat16 is stored on the device
 
@@ -125,8 +127,8 @@ def as_device(x, name, stream=None):
     torch tensor is wrapped without a copy too."""
     if isinstance(x, np.ndarray):
         dev = cuda.to_device(host_bits(x), stream=0 if stream is None else stream)
-        if stream is None and not config.ENABLE_CUDASIM:
-            cuda.default_stream().synchronize()
+        if stream is None:
+            default_stream_done()
         return dev, True
     if _is_torch(x) and config.ENABLE_CUDASIM and _torch_on_device(x):
         return _fake_device(_torch_host_view(x)), False
@@ -197,7 +199,7 @@ def zeros(shape, dtype, stream=None):
 
         device_memset(arr, 0, arr.nbytes, stream=0 if stream is None else stream)
         if stream is None:
-            cuda.default_stream().synchronize()
+            default_stream_done()
     return arr
 
 
@@ -209,7 +211,7 @@ def zeros_like_input(x, shape, dtype, stream=0):
     is enqueued on numba stream ``stream`` (0: the default stream), the one
     the kernels that write the result launch on; the torch and CuPy
     allocators then also tie the memory to that stream."""
-    handle = _handle(stream)
+    handle = stream_handle(stream)
     if _is_torch(x) and _torch_on_device(x):
         import torch
 
@@ -232,18 +234,19 @@ def zeros_like_input(x, shape, dtype, stream=0):
     return dev, dev
 
 
+def default_stream_done():
+    """Wait for the work on the default stream (uploads and fills made there
+    with stream 0), so that kernels on any stream may use what it made; a
+    no-op under the simulator."""
+    if not config.ENABLE_CUDASIM:
+        cuda.default_stream().synchronize()
+
+
 def synchronize():
     """Wait for all work on the current device, on every stream (a no-op
     under the simulator, where kernels run as they are called)."""
     if not config.ENABLE_CUDASIM:
         cuda.synchronize()
-
-
-def _handle(stream):
-    """The ``cudaStream_t`` of numba stream ``stream`` (0 for 0 or the simulator)."""
-    if not stream or config.ENABLE_CUDASIM:
-        return 0
-    return int(getattr(stream.handle, "value", stream.handle) or 0)
 
 
 def view_like_input(dev, x, dtype):

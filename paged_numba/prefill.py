@@ -148,7 +148,9 @@ class PrefillPlan:
         self.q_lens = check_lengths(cu, lens, self.total_q)
         self.num_seqs = int(lens.size)
         self.scale = V.scale_of(scale, cache.head_size)
-        self._variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap)
+        # the plan's uploads and fills go on the default stream, waited for once at
+        # the end (paged_prefill makes a plan a call), so any stream may run it
+        self._variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap, 0)
         window = int(self._variants[2]) or None
         group = num_heads // cache.num_kv_heads
         max_q = int(self.q_lens.max(initial=1))
@@ -183,18 +185,19 @@ class PrefillPlan:
         self.heads_per_block, self.block_q, self.block_n, self.num_warps = tiling
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
         self.num_tiles = int(tile_seq.size)
-        self._cu = _arrays.as_device(cu.astype(np.int32), "cu_seqlens_q")[0]
-        self._lens = _arrays.as_device(lens.astype(np.int32), "seq_lens")[0]
+        self._cu = _arrays.as_device(cu.astype(np.int32), "cu_seqlens_q", 0)[0]
+        self._lens = _arrays.as_device(lens.astype(np.int32), "seq_lens", 0)[0]
         self._lens_host = lens.astype(np.int32)
-        self._tiles = (_arrays.as_device(tile_seq, "tile_seq")[0],
-                       _arrays.as_device(tile_q0, "tile_q0")[0])
+        self._tiles = (_arrays.as_device(tile_seq, "tile_seq", 0)[0],
+                       _arrays.as_device(tile_q0, "tile_q0", 0)[0])
         d = cache.head_size
-        self.out = _arrays.zeros((self.total_q, num_heads, d), self.query_dtype)
-        self.lse = _arrays.zeros((self.total_q, num_heads), np.float32)
+        self.out = _arrays.zeros((self.total_q, num_heads, d), self.query_dtype, 0)
+        self.lse = _arrays.zeros((self.total_q, num_heads), np.float32, 0)
         self._parts = None
         if self.num_parts > 1:          # split-K partial states, merged into out and lse
-            self._parts = (_arrays.zeros((self.total_q, self.num_parts, num_heads, d), np.float32),
-                           _arrays.zeros((self.total_q, self.num_parts, num_heads), np.float32))
+            self._parts = (_arrays.zeros((self.total_q, self.num_parts, num_heads, d), np.float32,
+                                         0),
+                           _arrays.zeros((self.total_q, self.num_parts, num_heads), np.float32, 0))
             options["split_k"] = True
         persistent = options.get("persistent", False)
         if persistent is not False:     # the factory takes a flag, the grid the blocks
@@ -223,6 +226,7 @@ class PrefillPlan:
         self._inputs = None
         self._launch = None
         self._like = LikeInput()
+        _arrays.default_stream_done()
 
     def run(self, query, block_tables, *, out=None, lse=None, stream=None, validate=False):
         """Launch prefill attention.
