@@ -103,6 +103,8 @@ WS_HEADS = _problem([40, 3], [40, 20], [[9, 3, 0, 7, 5], [1, 8, 2, -1, -1]], 8,
                     head_size=32, num_heads=4, num_kv_heads=2, dtype="float16")
 # head size 128: two 128-byte atoms a row in the swizzled layout (k-steps 4.. in the second)
 WG_D128 = _problem([5], [20], [[3, 0, 2]], 8, head_size=128, num_heads=2, dtype="float16")
+# head size 256: four 128-byte atoms a row; 40 keys in 16-key tiles go round a 3-stage ring
+WS_D256 = _problem([5], [40], [[3, 0, 2, 4, 1]], 8, head_size=256, num_heads=2, dtype="bfloat16")
 WS = dict(tensor_cores=True, kernel_options=dict(wgmma=True, producer=True))
 WS_TWO = dict(WS, block_n=16, num_warps=8)
 WS_ONE = dict(WS, block_n=16, num_warps=4)
@@ -240,14 +242,18 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     (WG_LONG_BF16, False, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
     (WG_D128, True, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
     (WG_D128, False, dict(WS_ONE, block_n=32, kernel_options=dict(
-        wgmma=True, producer=True, swizzle=True, split_halves=True)))],
-    ids=["wgmma", "producer", "bf16-vllm-noncausal", "head-128", "producer-head-128-split"])
+        wgmma=True, producer=True, swizzle=True, split_halves=True))),
+    (WS_D256, True, dict(WS_ONE, kernel_options=dict(
+        wgmma=True, producer=True, swizzle=True, lean_loop=True, stages=3)))],
+    ids=["wgmma", "producer", "bf16-vllm-noncausal", "head-128", "producer-head-128-split",
+         "producer-head-256-lean"])
 def test_tc_prefill_swizzled(p, causal, tiling):
     """Both warpgroup kernels with their tiles in the swizzled layout
     (``swizzle=True``; head size 32: 64-byte atom rows; 128: two 128-byte
     atoms a row); the producer kernel's K/V tiles at head size 128 also in
     the layout of tensor-map copies (``split_halves``: the rows' first 64
-    elements, then their last 64; 32-key tiles, two products in ``P V``)."""
+    elements, then their last 64; 32-key tiles, two products in ``P V``); the
+    producer kernel at head size 256 (four atoms a row), bf16, lean loop."""
     check_prefill(p, causal, tiling)
 
 
