@@ -169,8 +169,9 @@ def real(name, value, positive=False, limit=KERNEL_FLOAT_MAX):
     if math.isnan(x) or (math.isinf(x) and not isinstance(value, (int, np.integer))):
         raise ValueError(f"{name} must be finite, but got {value!r}.")
     if abs(x) > limit:
+        shown = f"{x:.4g}" if math.isfinite(x) else reprlib.repr(value)   # (a huge int)
         raise ValueError(f"{name} must be at most {limit:.4g} in magnitude (the kernels compute "
-                         f"in float32), but got {value!r}.")
+                         f"in float32), but got {shown}.")
     if positive and not x > 0:
         raise ValueError(f"{name} must be a positive number, but got {value!r}.")
     if positive and not np.float32(x) > 0:

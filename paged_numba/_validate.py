@@ -13,6 +13,7 @@ from .page_tables import CSRTable, check_offsets
 
 MAX_HEAD_SIZE = 256
 MAX_GRID_YZ = 65535     # CUDA's limit on gridDim.y and gridDim.z
+MAX_HEADS = 65535       # query heads of a plan (more than any model has; a plan allocates them)
 
 
 def shape_of(x):
@@ -36,12 +37,19 @@ def dtype_matches(x, expected):
             and not isinstance(x, np.ndarray))
 
 
+def dtype_text(dtype):
+    """``dtype``'s name, with its byte order where that is not the machine's
+    (``float16`` against ``float16 (>f2)``)."""
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype.isnative else f"{dtype.name} ({dtype.str})"
+
+
 def check_dtype(name, x, expected, what="the cache"):
     """``x`` (the caller's array, or its device array) holds logical dtype ``expected``."""
     if not dtype_matches(x, expected):
         raise ValueError(
-            f"{name} must have the same dtype as {what}, but got {logical_dtype(x).name} "
-            f"and {np.dtype(expected).name}.")
+            f"{name} must have the same dtype as {what}, but got {dtype_text(logical_dtype(x))} "
+            f"and {dtype_text(expected)}.")
 
 
 def compute_dtype(name, x, cache):

@@ -264,13 +264,16 @@ class BlockAllocator:
         """
         if hashable("seq_id", seq_id) in self._blocks:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
-        num_tokens = _check_count(num_tokens, "num_tokens")
+        num_tokens = integer("num_tokens", num_tokens, lo=0, hi=INT32_MAX)   # int32 lengths
         blocks = self._take(num_blocks_for(num_tokens, self._block_size), seq_id)
         self._blocks[seq_id], self._lens[seq_id] = blocks, num_tokens
         return list(blocks)
 
     def _new_blocks_needed(self, seq_id, num_new_tokens: int) -> int:
         n = self._lens[self._check_seq(seq_id)] + _check_count(num_new_tokens, "num_new_tokens")
+        if n > INT32_MAX:
+            raise ValueError(f"num_new_tokens={num_new_tokens} would make sequence {seq_id!r} {n} "
+                             f"tokens long, but a length must be at most {INT32_MAX} (int32 tables)")
         return num_blocks_for(n, self._block_size) - len(self._blocks[seq_id])
 
     def can_append(self, seq_id, num_new_tokens: int = 1) -> bool:

@@ -319,7 +319,7 @@ class DecodePlan:
         tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
         pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
         num_seqs = C.integer("num_seqs", num_seqs, lo=0, hi=V.MAX_GRID_YZ)
-        num_heads = C.integer("num_heads", num_heads, lo=1)
+        num_heads = C.integer("num_heads", num_heads, lo=1, hi=V.MAX_HEADS)
         V.check_heads(num_heads, cache)
         max_blocks = C.integer("max_blocks", max_blocks, lo=0)
         V.check_context(max_blocks, cache.block_size)

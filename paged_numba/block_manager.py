@@ -38,7 +38,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from ._checks import flag, hashable, integer
+from ._checks import INT32_MAX, flag, hashable, integer
 from .allocator import (NO_BLOCK, OutOfBlocksError, _check_count, _check_ids, num_blocks_for, padded_block_table,
                         slots_from_table)
 from .prefix_cache import PrefixCache, block_keys, token_list
@@ -118,10 +118,11 @@ class BlockManager(Swapping):
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_host_blocks: int = 0):
-        self._num_blocks = integer("num_blocks", num_blocks, lo=1)
-        self._block_size = integer("block_size", block_size, lo=1)
+        # block ids and sequence lengths go into int32 tables
+        self._num_blocks = integer("num_blocks", num_blocks, lo=1, hi=INT32_MAX)
+        self._block_size = integer("block_size", block_size, lo=1, hi=INT32_MAX)
         self._caching = flag("enable_prefix_caching", enable_prefix_caching)
-        self._num_host_blocks = integer("num_host_blocks", num_host_blocks, lo=0)
+        self._num_host_blocks = integer("num_host_blocks", num_host_blocks, lo=0, hi=INT32_MAX)
         self.free_block_ids: deque[int] = deque(range(self._num_blocks))
         self.free_host_block_ids: deque[int] = deque(range(self._num_host_blocks))
         self._ref = [0] * self._num_blocks
@@ -211,7 +212,7 @@ class BlockManager(Swapping):
     def _plan_allocate(self, seq_id, num_tokens, token_ids, extra_key):
         if hashable("seq_id", seq_id) in self:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
-        num_tokens = _check_count(num_tokens, "num_tokens")
+        num_tokens = integer("num_tokens", num_tokens, lo=0, hi=INT32_MAX)
         tokens = self._check_tokens(token_ids, num_tokens)
         hashable("extra_key", extra_key)
         needed = num_blocks_for(num_tokens, self._block_size)
@@ -302,6 +303,9 @@ class BlockManager(Swapping):
         self._check_seq(seq_id)
         n = _check_count(num_new_tokens, "num_new_tokens")
         old, blocks = self._lens[seq_id], self._blocks[seq_id]
+        if old + n > INT32_MAX:
+            raise ValueError(f"num_new_tokens={n} would make sequence {seq_id!r} {old + n} tokens "
+                             f"long, but a length must be at most {INT32_MAX} (int32 tables)")
         cow = bool(n) and old % self._block_size != 0 and self._ref[blocks[-1]] > 1
         new = num_blocks_for(old + n, self._block_size) - len(blocks) + cow
         if new > self.num_available_blocks:

@@ -13,7 +13,9 @@ from numba import config, cuda
 
 from ._arrays import logical_dtype, storage_dtype
 from ._block_launch import _block_elems, _flat_pools, _vector_threads, copy_launcher
+from ._checks import INT32_MAX
 from ._launch import launch, numba_stream, stream_handle
+from ._validate import dtype_text
 from .kernels.copy_blocks import copy_blocks_kernel, stage_blocks_kernel
 
 # device memory a swap stages its blocks through, at most (one DMA per this many bytes)
@@ -37,13 +39,20 @@ def check_pairs(pairs, num_src, num_dst, same_pool, src_name="source", dst_name=
     in ``[0, num_src)``, destinations in ``[0, num_dst)``, no destination appears
     twice and (``same_pool``) no block is both a source and a destination."""
     arr = np.asarray(pairs)
+    # (an empty list is float64 to NumPy: no pairs, whatever its dtype; an empty array
+    # must still hold integers)
+    listed = arr.size == 0 and not isinstance(pairs, np.ndarray)
+    if not listed and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"pairs must hold integer block ids, but got dtype {arr.dtype.name}.")
     if arr.size == 0 and arr.shape in ((0,), (0, 2)):
         return np.zeros((0, 2), np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"pairs must hold integer block ids, but got dtype {arr.dtype.name}.")
     if arr.ndim != 2 or arr.shape[1] != 2:
         raise ValueError(f"pairs must be [num_pairs, 2] (source, destination), but got shape "
                          f"{tuple(arr.shape)}.")
+    if arr.dtype.kind == "u" and arr.max() > np.iinfo(np.int64).max:
+        i, col = (int(x[0]) for x in np.nonzero(arr > np.iinfo(np.int64).max))
+        raise ValueError(f"pairs[{i}, {col}] ({(src_name, dst_name)[col]} block) is "
+                         f"{int(arr[i, col])}, outside [0, {(num_src, num_dst)[col]}).")
     arr = arr.astype(np.int64)
     if _pairs_ok(arr, num_src, num_dst, same_pool):
         return arr
@@ -189,13 +198,20 @@ def host_pool(cache, num_blocks):
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)) \
             or num_blocks <= 0:
         raise ValueError(f"num_blocks must be a positive integer, but got {num_blocks!r}.")
+    if num_blocks > INT32_MAX:                 # block ids go into int32 tables
+        raise ValueError(f"num_blocks must be at most {INT32_MAX}, but got {num_blocks!r}.")
     shape = host_pool_shape(cache, int(num_blocks))
     bits = storage_dtype(cache.dtype)
-    if config.ENABLE_CUDASIM:
-        pool = np.zeros(shape, bits)
-    else:
-        pool = cuda.pinned_array(shape, bits)
-        pool.fill(0)
+    try:
+        if config.ENABLE_CUDASIM:
+            pool = np.zeros(shape, bits)
+        else:
+            pool = cuda.pinned_array(shape, bits)
+            pool.fill(0)
+    except Exception as e:          # MemoryError, NumPy's "too big", the driver's out of memory
+        nbytes = int(np.prod(shape, dtype=object)) * bits.itemsize
+        raise MemoryError(f"a host pool of num_blocks={num_blocks} blocks needs {nbytes} bytes "
+                          f"of (pinned) host memory, which could not be allocated: {e}") from None
     return pool.view(cache.dtype)
 
 
@@ -205,7 +221,7 @@ def _check_host_pool(pool, cache, name):
                         f"but got {type(pool).__name__}.")
     if logical_dtype(pool) != cache.dtype:
         raise ValueError(f"{name} must have the same dtype as the cache, but got "
-                         f"{pool.dtype.name} and {cache.dtype.name}.")
+                         f"{dtype_text(pool.dtype)} and {dtype_text(cache.dtype)}.")
     expected = host_pool_shape(cache, pool.shape[0] if pool.ndim else 0)
     if pool.shape != expected or pool.shape[0] == 0:
         raise ValueError(f"{name} must be [num_host_blocks, {', '.join(map(str, expected[1:]))}] "

@@ -16,13 +16,18 @@ def _positive_int(name, value):
 
 
 def _cache_dtype(dtype):
-    """The numpy dtype of ``dtype`` if it names one of :data:`CACHE_DTYPES`."""
+    """The numpy dtype of ``dtype`` if it names one of :data:`CACHE_DTYPES` in
+    the machine's byte order (the kernels read native values)."""
     try:
         dt = np.dtype(dtype)
-    except TypeError:                # not a dtype at all ("foo", an object)
+    except Exception:                # not a dtype at all ("foo", "f4,(2", an object)
         dt = None
     if dtype is None or dt is None or dt.name not in CACHE_DTYPES:
         raise ValueError(f"dtype must be one of {CACHE_DTYPES}, but got {dtype!r}.")
+    if not dt.isnative:
+        raise ValueError(f"dtype must be in the machine's byte order, but got {dt.name} with "
+                         f"byte order {dt.byteorder!r} ({dt.str}); convert the pools first, "
+                         f"e.g. with arr.astype(arr.dtype.newbyteorder('='))")
     return dt
 
 
@@ -392,7 +397,10 @@ class PagedKVCache:
         """
         if self.num_layers is not None:
             raise ValueError("gather() works on one layer: call cache.layer(i).gather(...).")
-        row = np.asarray(_arrays.to_host(block_table_row)).reshape(-1)
+        row = np.asarray(_arrays.to_host(block_table_row))
+        if row.ndim != 1:
+            raise ValueError(f"block_table_row must be one row [max_blocks], but got shape "
+                             f"{row.shape}.")
         seq_len = C.integer("seq_len", seq_len, lo=0)
         if row.size and not np.issubdtype(row.dtype, np.integer):
             raise TypeError(f"block_table_row must hold integers, but got dtype {row.dtype}.")

@@ -36,7 +36,6 @@ window or ALiBi here.
 Each part's output is rounded to the cache's dtype before the merge (as in
 FlashInfer); ``paged_numba.testing.cascade_reference`` bounds that.
 """
-import math
 
 import numpy as np
 from numba import config, cuda
@@ -220,14 +219,14 @@ class CascadeDecodePlan:
         if cache.dtype.name.startswith("float8"):
             raise ValueError(f"cascade decode does not take fp8 caches yet, but dtype is "
                              f"{cache.dtype.name}; paged_decode and paged_prefill do.")
-        self.num_seqs = n = _count("num_seqs", num_seqs)
-        self.num_heads = h = _count("num_heads", num_heads, allow_zero=False)
+        self.num_seqs = n = C.integer("num_seqs", num_seqs, lo=0, hi=V.MAX_GRID_YZ)
+        self.num_heads = h = C.integer("num_heads", num_heads, lo=1, hi=V.MAX_HEADS)
         V.check_heads(h, cache)
         self.max_blocks = _count("max_blocks", max_blocks)
         table = check_shared_table(shared_block_table, shared_len, cache)
         tc = uses_tensor_cores(cache, tensor_cores)
         if prefix_parts is not None:
-            prefix_parts = _count("prefix_parts", prefix_parts, allow_zero=False)
+            prefix_parts = C.integer("prefix_parts", prefix_parts, lo=1, hi=1024)
             if prefix_parts > 1 and not tc:
                 raise ValueError(f"prefix_parts (split-K of the prefix pass) needs the tensor-core "
                                  f"prefill kernel, but this cache ({cache.dtype.name}, head_size "
@@ -453,6 +452,7 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
     ValueError: shared_len = 8 needs 2 blocks of 4 tokens, but shared_block_table has only 1 entries.
     """
     V.check_cache(cache)
+    validate, return_lse = C.flag("validate", validate), C.flag("return_lse", return_lse)
     handle = _launch.stream_handle(stream)
     ns = _launch.numba_stream(handle)    # every copy and fill goes ahead of the kernels on it
     q, from_host = _arrays.as_device(query, "query", ns)
@@ -466,8 +466,8 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
                          f"{V.shape_of(tables)}.")
     if validate:
         V.check_tables(tables_host, lens_host, cache.num_blocks, cache.block_size)
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, but got {scale}.")
+    if scale is not None:
+        C.real("scale", scale)
     plan = CascadeDecodePlan(cache, table, shared_len, num_seqs, num_heads, tables.shape[1],
                              scale=scale, logits_soft_cap=logits_soft_cap,
                              num_partitions=num_partitions, prefix_parts=prefix_parts,

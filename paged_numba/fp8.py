@@ -40,6 +40,7 @@ Examples
 array([3.     , 0.09375])
 """
 import math
+import reprlib
 
 import ml_dtypes
 import numpy as np
@@ -109,9 +110,9 @@ def check_scale(name, value, num_kv_heads):
                          f"{value!r}.")
     try:
         arr = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number or an array [num_kv_heads], but got "
-                         f"{value!r}.") from None
+    except (TypeError, ValueError, OverflowError):      # (OverflowError: an int past float64)
+        raise ValueError(f"{name} must be a positive number or an array [num_kv_heads] of "
+                         f"them, finite in float32, but got {reprlib.repr(value)}.") from None
     if arr.shape not in ((), (num_kv_heads,)):
         raise ValueError(f"{name} must be a number or an array [num_kv_heads] = [{num_kv_heads}], "
                          f"but got shape {arr.shape}.")

@@ -131,7 +131,7 @@ class PrefillPlan:
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
-        num_heads = C.integer("num_heads", num_heads, lo=1)
+        num_heads = C.integer("num_heads", num_heads, lo=1, hi=V.MAX_HEADS)
         V.check_heads(num_heads, cache)
         self.causal = C.flag("causal", causal)
         options = _kernel_options(kernel_options)

@@ -14,11 +14,11 @@ is empty.
 
 import reprlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 
 import numpy as np
 
-from ._checks import _is_int, hashable, integer
+from ._checks import INT32_MAX, _is_int, flag, hashable, integer
 
 __all__ = ["PrefixCache", "block_keys", "token_list"]
 
@@ -60,7 +60,8 @@ def token_list(name, token_ids) -> list[int]:
         if token_ids.ndim != 1:
             raise TypeError(f"{name} must be a 1-D array of integers, but got shape {token_ids.shape}.")
         return token_ids.tolist()
-    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Iterable):
+    if isinstance(token_ids, (str, bytes, Set, Mapping)) or not isinstance(token_ids, Iterable):
+        # (a set or a dict has no token order)
         raise TypeError(f"{name} must be a list or 1-D array of integers, but got "
                         f"{reprlib.repr(token_ids)} ({type(token_ids).__name__}).")
     tokens = list(token_ids)
@@ -104,6 +105,8 @@ def block_keys(token_ids, block_size: int, extra_key=None, parent=None) -> list[
     tokens = token_list("token_ids", token_ids)
     block_size = integer("block_size", block_size, lo=1)
     hashable("extra_key", extra_key)
+    if parent is not None:
+        parent = integer("parent", parent)
     keys = []
     for i in range(len(tokens) // block_size):
         key = (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra_key)
@@ -144,7 +147,8 @@ class PrefixCache:
     """
 
     def __init__(self, num_blocks: int, enabled: bool = True):
-        self.enabled = bool(enabled)
+        num_blocks = integer("num_blocks", num_blocks, lo=0, hi=INT32_MAX)
+        self.enabled = flag("enabled", enabled)
         self._block_of: dict[tuple, int] = {}                          # key -> block
         self._key_of: list[tuple | None] = [None] * num_blocks         # block -> key
         self._evictable: OrderedDict[int, None] = OrderedDict()        # count 0, LRU first
@@ -185,9 +189,18 @@ class PrefixCache:
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
+    def _block(self, block) -> int:
+        """``block`` checked: an integer id of the pool."""
+        return integer("block", block, lo=0, hi=len(self._key_of) - 1)
+
     def lookup(self, keys: list[tuple], max_blocks: int) -> list[int]:
-        """Cached blocks of the longest cached prefix of ``keys``, at most ``max_blocks``
-        (changes nothing; :meth:`record` counts the lookup)."""
+        """Cached blocks of the longest cached prefix of ``keys`` (a list of
+        :func:`block_keys`), at most ``max_blocks`` (changes nothing;
+        :meth:`record` counts the lookup)."""
+        if not isinstance(keys, list):       # (a tuple is one key)
+            raise TypeError(f"keys must be a list of block keys, but got "
+                            f"{reprlib.repr(keys)} ({type(keys).__name__}).")
+        max_blocks = integer("max_blocks", max_blocks, lo=0)
         hits = []
         for key in keys[:max_blocks]:
             block = self._block_of.get(key)
@@ -198,29 +211,42 @@ class PrefixCache:
 
     def record(self, num_lookups: int, num_hits: int) -> None:
         """Count a prompt's lookup of ``num_lookups`` full blocks, ``num_hits`` found."""
+        num_lookups = integer("num_lookups", num_lookups, lo=0)
+        num_hits = integer("num_hits", num_hits, lo=0, hi=num_lookups)
         self.num_lookup_blocks += num_lookups
         self.num_hit_blocks += num_hits
 
     def register(self, block: int, key: tuple) -> None:
-        """Enter full ``block`` under ``key``, unless another block holds that key."""
+        """Enter full ``block`` under ``key`` (one of :func:`block_keys`), unless
+        another block holds that key."""
+        block = self._block(block)
+        if not isinstance(key, tuple):
+            raise TypeError(f"key must be a block key (a tuple from block_keys), but got "
+                            f"{reprlib.repr(key)} ({type(key).__name__}).")
+        hashable("key", key)
         if self.enabled and key not in self._block_of:
             self._block_of[key] = block
             self._key_of[block] = key
 
     def claim(self, block: int) -> None:
         """A sequence takes evictable ``block`` (its count goes from 0 to 1)."""
+        if self._block(block) not in self._evictable:
+            raise ValueError(f"block {block} is not evictable (cached with no holder), so it "
+                             f"cannot be claimed")
         del self._evictable[block]
 
     def release(self, block: int) -> bool:
         """``block``'s count fell to 0: keep it as the most recently used evictable
         block if it is cached (True), else the caller frees it (False)."""
-        if self._key_of[block] is None:
+        if self._key_of[self._block(block)] is None:
             return False
         self._evictable[block] = None
         return True
 
     def evict(self) -> int:
         """Forget the least recently used evictable block's key and return the block."""
+        if not self._evictable:
+            raise ValueError("no evictable block: every cached block is held by a sequence")
         block, _ = self._evictable.popitem(last=False)
         del self._block_of[self._key_of[block]]
         self._key_of[block] = None

@@ -119,6 +119,11 @@ def test_seq_ids_string_is_not_a_list_of_ids(call):
     (dict(num_blocks=4, block_size=2.0), r"block_size must be an integer, but got 2\.0 \(float\)"),
     (dict(num_blocks=4, block_size=2, num_host_blocks=-1), "num_host_blocks must be >= 0, but got -1"),
     (dict(num_blocks=4, block_size=2, enable_prefix_caching=1), "enable_prefix_caching must be True or False"),
+    # block ids and lengths go into int32 tables (a deque of 2**62 ids would exhaust memory)
+    (dict(num_blocks=2**62, block_size=2), f"num_blocks must be at most 2147483647, but got {2**62}"),
+    (dict(num_blocks=4, block_size=2, num_host_blocks=2**62),
+     "num_host_blocks must be at most 2147483647"),
+    (dict(num_blocks=4, block_size=2**40), "block_size must be at most 2147483647"),
 ])
 def test_manager_constructor(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -129,7 +134,53 @@ def test_manager_constructor(kwargs, match):
     (([1, 2], 0), ValueError, "block_size must be a positive integer, but got 0"),
     (([1, 2], 2.0), ValueError, r"block_size must be an integer, but got 2\.0"),
     (([1, 2], 2, [3]), ValueError, r"extra_key must be hashable, but got \[3\]"),
+    (([1, 2], 1, None, [1]), ValueError, r"parent must be an integer, but got \[1\] \(list\)"),
+    (({1, 2}, 1), TypeError, r"token_ids must be a list or 1-D array of integers, but got \{1, 2\} "
+                             r"\(set\)"),
+    (({1: 2}, 1), TypeError, r"token_ids must be a list .* \(dict\)"),
 ])
 def test_block_keys_arguments(args, error, match):
     with pytest.raises(error, match=match):
         block_keys(*args)
+
+
+def test_lengths_past_int32_are_refused_before_anything_changes():
+    m = BlockManager(num_blocks=2, block_size=2**31 - 1)
+    check_unchanged(m, lambda: m.allocate("a", 2**31 + 5), ValueError,
+                    "num_tokens must be at most 2147483647, but got 2147483653")
+    m.allocate("a", 2**31 - 3)
+    check_unchanged(m, lambda: m.append("a", 5), ValueError,
+                    "num_new_tokens=5 would make sequence 'a' 2147483650 tokens long")
+    a = BlockAllocator(num_blocks=2, block_size=2**31 - 1)
+    a.allocate("a", 2**31 - 3)
+    check_unchanged(a, lambda: a.append_slots("a", 5), ValueError,
+                    "num_new_tokens=5 would make sequence 'a' 2147483650 tokens long")
+    assert m.seq_len("a") == a.seq_len("a") == 2**31 - 3
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda p, k: p.register(-1, k), ValueError, "block must be >= 0, but got -1"),
+    (lambda p, k: p.register(9, k), ValueError, "block must be at most 3, but got 9"),
+    (lambda p, k: p.register(1, [1]), TypeError, r"key must be a block key .* \[1\] \(list\)"),
+    (lambda p, k: p.release(9), ValueError, "block must be at most 3, but got 9"),
+    (lambda p, k: p.release(1.0), ValueError, r"block must be an integer, but got 1\.0"),
+    (lambda p, k: p.claim(0), ValueError, "block 0 is not evictable"),
+    (lambda p, k: p.evict(), ValueError, "no evictable block"),
+    (lambda p, k: p.lookup([k], 1.5), ValueError, r"max_blocks must be an integer, but got 1\.5"),
+    (lambda p, k: p.lookup(k, 1), TypeError, "keys must be a list of block keys"),
+    (lambda p, k: p.record(-5, 3), ValueError, "num_lookups must be >= 0, but got -5"),
+    (lambda p, k: p.record(2, 3), ValueError, "num_hits must be at most 2, but got 3"),
+], ids=["register-negative", "register-past", "register-key", "release-past", "release-float",
+        "claim-held", "evict-empty", "lookup-float", "lookup-one-key", "record-negative",
+        "record-more-hits"])
+def test_prefix_cache_arguments(call, error, match):
+    from paged_numba.prefix_cache import PrefixCache
+
+    p = PrefixCache(4)
+    key = block_keys([1, 2], 2)[0]
+    p.register(0, key)                           # block 0 cached and held
+    check_unchanged(p, lambda: call(p, key), error, match)
+    for bad, match in [(2.5, r"num_blocks must be an integer, but got 2\.5"),
+                       (-1, "num_blocks must be >= 0, but got -1")]:
+        with pytest.raises(ValueError, match=match):
+            PrefixCache(bad)

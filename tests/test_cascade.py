@@ -184,8 +184,20 @@ def test_bad_query_and_scale(no_launch):
         pn.cascade_decode(np.zeros((2, 2, 16), np.float16), cache, *args)
     with pytest.raises(ValueError, match=r"scale must be finite, but got inf\."):
         pn.cascade_decode(np.zeros((2, 2, 8), np.float16), cache, *args, scale=float("inf"))
-    with pytest.raises(ValueError, match=r"num_seqs must be a non-negative integer, but got -2\."):
+    with pytest.raises(ValueError, match=r"num_seqs must be >= 0, but got -2\."):
         pn.CascadeDecodePlan(cache, [0, 1], 6, num_seqs=-2, num_heads=2, max_blocks=1)
+    with pytest.raises(ValueError, match=r"num_heads must be at most 65535, but got 2147483648\."):
+        pn.CascadeDecodePlan(cache, [0, 1], 6, num_seqs=2, num_heads=2**31, max_blocks=1)
+    q = np.zeros((2, 2, 8), np.float16)
+    for kw, message in [
+            (dict(scale=10**400), r"scale must be at most 2\.359e\+38 in magnitude"),
+            (dict(scale="a"), r"scale must be a real number, but got 'a' \(str\)"),
+            (dict(scale=np.array([0.5])), r"scale must be a real number, but got array"),
+            (dict(return_lse=None), r"return_lse must be True or False, but got None"),
+            (dict(validate="no"), r"validate must be True or False, but got 'no'"),
+            (dict(prefix_parts=2000), r"prefix_parts must be at most 1024, but got 2000")]:
+        with pytest.raises(ValueError, match=message):
+            pn.cascade_decode(q, cache, *args, **kw)
     with pytest.raises(ValueError, match=r"prefix_parts \(split-K of the prefix pass\) needs the "
                                          r"tensor-core prefill kernel, but this cache \(float32, "
                                          r"head_size 8\) runs on CUDA cores; got prefix_parts=2\."):
