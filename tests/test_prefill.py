@@ -213,11 +213,18 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
                                                      swizzle=True, mbarriers=True)), {}),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=3, mbarriers=True)), {})],
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3, mbarriers=True)), {}),
+    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], q_in_regs=True)), {}),
+    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
+        q_in_regs=True)), {}),
+    (WG_D128, False, dict(WS_ONE, block_n=32, kernel_options=dict(
+        WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {})],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
          "prefetch-swizzled-window", "persistent-split-k-ranges", "mbarriers",
-         "mbarriers-persistent"])
+         "mbarriers-persistent", "queries-in-registers", "queries-in-registers-default-loop",
+         "queries-in-registers-head-128-split"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -232,7 +239,10 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     blocks of two items, swizzled, not causal, with a window); two blocks of
     two items with split-K and a window, the next ranges read ahead; the
     copies arriving at mbarriers (``mbarriers``: 7 tiles round a 4-stage ring,
-    the phases' parity alternating; and across persistent blocks' items)."""
+    the phases' parity alternating; and across persistent blocks' items); the
+    queries as the register A operand of ``S = Q K^T`` (``q_in_regs``: one
+    warpgroup; the default's loop, swizzled, persistent, lean; head size 128
+    in the copy engine's layout)."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -411,6 +421,12 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="multiple of 8 from 24 to 160, but got 44"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
                                                                        producer_registers=44)))
+    with pytest.raises(ValueError, match=r"wgmma takes none of q_in_regs \(but with producer\)"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       q_in_regs=True)))
+    with pytest.raises(ValueError, match="head size 128 at most, but got head_size=256"):
+        check_prefill(WS_D256, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
+                                                                      q_in_regs=True)))
     with pytest.raises(ValueError, match=r"kernel_options\['producer_registers'\] must be at most 160, but got 168"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
                                                                        producer_registers=168)))

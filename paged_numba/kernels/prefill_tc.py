@@ -74,7 +74,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     launch needs ``dynamic_shared_bytes`` (set on the kernel) of dynamic shared
     memory. ``q_in_regs`` keeps the query fragments in registers for the whole
     loop instead of re-reading them from shared memory each tile (default: up
-    to head size 128, where it measured 3-5% faster on the H200);
+    to head size 128, where it measured 3-5% faster on the H200; on the
+    producer kernel, off by default: ``S = Q K^T`` then takes its A operand
+    from registers, so shared memory serves only K);
     ``max_registers`` caps the registers per thread. Neither changes the
     arithmetic.
 
@@ -146,9 +148,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                          f"only: wgmma=True, producer=True")
     if wgmma:
         from .prefill_wgmma import prefill_wgmma_kernel
-        if q_in_regs or fma_softmax or token_copies or m_tiles != 1:
-            raise ValueError(f"wgmma takes none of q_in_regs, fma_softmax, token_copies or "
-                             f"m_tiles > 1, but got q_in_regs={q_in_regs}, "
+        if (q_in_regs and not producer) or fma_softmax or token_copies or m_tiles != 1:
+            raise ValueError(f"wgmma takes none of q_in_regs (but with producer), fma_softmax, "
+                             f"token_copies or m_tiles > 1, but got q_in_regs={q_in_regs}, "
                              f"fma_softmax={fma_softmax}, token_copies={token_copies}, "
                              f"m_tiles={m_tiles}")
         if producer:
@@ -166,7 +168,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            prefetch_ranges=prefetch_ranges, kv_dtype=kv_dtype,
                                            producer_registers=producer_registers,
                                            split_halves=split_halves, mbarriers=mbarriers,
-                                           tensor_maps=tensor_maps, lean_loop=lean_loop)
+                                           tensor_maps=tensor_maps, lean_loop=lean_loop,
+                                           q_in_regs=bool(q_in_regs))
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
                 or mbarriers or lean_loop):

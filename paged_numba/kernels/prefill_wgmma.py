@@ -58,10 +58,16 @@ def wgmma_shared_bytes(head_size, num_warps, block_n):
     return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
 
 
-def product_parts(P):
+def product_parts(P, q_regs=False):
     """The products and softmax steps of a warpgroup's loop, for the tile of
     :func:`kernels.prefill_tc_parts.tile_parts` ``P``: ``issue_s``,
-    ``issue_pv``, ``tile_weights``, ``pack_p`` and the fences and waits."""
+    ``issue_pv``, ``tile_weights``, ``pack_p`` and the fences and waits.
+
+    ``q_regs``: ``issue_s(s, qa, kvs, stage)`` takes the queries as register
+    A words ``qa [D / 16, 4]`` (``load_q_words`` reads them from the warp's
+    query rows), so that shared memory serves only the K tile in ``S = Q
+    K^T``; otherwise ``issue_s(s, qs, kvs, stage)`` reads them from shared
+    memory at start ``qs``."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
     pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
     logits_masked = P.logits_masked
@@ -80,6 +86,11 @@ def product_parts(P):
         SPAN = 0
         mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
         mma_o = wg.wgmma_rs(dtype, D, NCH * 128, 128, True)
+    # the same K operand with A from registers (K-major B: the descriptors of mma_s's B)
+    if P.SWIZZLED:
+        mma_s_rs = wg.wgmma_rs(dtype, BN, 16, 8 * SPAN if SPLIT_KV else 16 * D, False, SPAN)
+    else:
+        mma_s_rs = wg.wgmma_rs(dtype, BN, 128, NCH * 128, False)
     pin_s, wait_s = wg.pin(BN // 2), wg.wait_pin(1, BN // 2)
     wait_s_alone = wg.wait_pin(0, BN // 2)
     pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
@@ -115,13 +126,37 @@ def product_parts(P):
         and of the K/V ring, computed once: each product adds a constant."""
         return wg.matrix_start(sm, qbase), wg.matrix_start(sm, KV_OFF)
 
+    if q_regs:
+        @device_function
+        def issue_s(s, qa, kvs, stage):
+            """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one
+            group), the queries from this warp's A words ``qa``."""
+            ks = kvs + stage * STAGE_UNITS
+            for kk in range(KSTEPS):
+                mma_s_rs(s, qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], ks + kb_units(kk), kk > 0)
+            commit()
+    else:
+        @device_function
+        def issue_s(s, qs, kvs, stage):
+            """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
+            ks = kvs + stage * STAGE_UNITS
+            for kk in range(KSTEPS):
+                mma_s(s, qs + k_units(kk), ks + kb_units(kk), kk > 0)
+            commit()
+
+    slot = P.slot
+
     @device_function
-    def issue_s(s, qs, kvs, stage):
-        """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
-        ks = kvs + stage * STAGE_UNITS
+    def load_q_words(qa, words, qbase, warp, r, c):
+        """This lane's A words of ``S = Q K^T`` (the ``mma.m16n8k16`` A fragment
+        of each k-step: rows ``r`` and ``r + 8`` of the warp's 16, columns
+        ``2 c`` and ``8 + 2 c`` of the step) from the query rows at flat
+        ``qbase``, which the warp's lanes have written and synchronised on."""
+        r0 = 16 * warp + r
         for kk in range(KSTEPS):
-            mma_s(s, qs + k_units(kk), ks + kb_units(kk), kk > 0)
-        commit()
+            for e in range(4):
+                row = r0 + 8 * (e % 2)
+                qa[kk, e] = words[(slot(qbase, row, 2 * kk + e // 2) + 2 * c) // 2]
 
     @device_function
     def issue_pv(o, pa, kvs, stage):

@@ -87,7 +87,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
                             split_halves=False, mbarriers=False, tensor_maps=False,
-                            merge_parts=False, lean_loop=False):
+                            merge_parts=False, lean_loop=False, q_in_regs=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -171,10 +171,17 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``lean_loop=True``: the consumers' key loop with 32-bit counters, each
     tile's mask decided before its scores land and the softmax unseeded
     (``tile_parts(lean=True)``, :func:`kernels.prefill_wgmma.key_loop`): the
-    same results in fewer instructions."""
+    same results in fewer instructions.
+
+    ``q_in_regs=True`` (head size 128 or less): each consumer lane reads its
+    warp's queries once an item as the register A operand of ``S = Q K^T``
+    (``wgmma`` with A from registers, :func:`kernels.prefill_wgmma.product_parts`),
+    so that shared memory serves only K there: at 64-key tiles the shared
+    operands of ``S`` take 128 bytes a clock at the tensor cores' full rate,
+    all a multiprocessor's shared memory gives. Same products, same results."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
-                  split_halves, mbarriers, tensor_maps, merge_parts)
+                  split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs)
     FP8 = kv_dtype is not None
     STAGES = int(stages)
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
@@ -186,8 +193,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
                          f"layout")
-    W = product_parts(P)
-    starts = W.starts
+    Q_REGS = bool(q_in_regs)
+    W = product_parts(P, q_regs=Q_REGS)
+    starts, load_q_words, KSTEPS = W.starts, W.load_q_words, P.KSTEPS
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
     kv_slot, row_of, chunk_of = P.kv_slot, P.row_of, P.chunk_of
@@ -387,6 +395,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         s = cuda.local.array((1, NTILE_S, 4), float32)
         o = cuda.local.array((1, NTILE_O, 4), float32)
         pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
+        qa = cuda.local.array((KSTEPS, 4), uint32)        # (Q_REGS) the queries as A words
         done = int32(0)
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
         have = False            # its queries were started by the previous item
@@ -426,6 +435,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     # visible to the tensor cores after the first turn (or full)
                     # barrier, which every thread of the warpgroup passes
                     fence_proxy()
+                    if Q_REGS:          # the warp's rows, copied by all its lanes
+                        cuda.syncwarp()
+                        load_q_words(qa, words, qbase, warp, r, c)
                 mark(errors, rnd, 1 + cwg, 1, ct)
                 any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
                 alibi = cuda.any_sync(FULL_MASK, any_slope)
@@ -439,9 +451,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     turn_arrive(TURN)           # warpgroup 0 issues first
                 # the ring's count below which this item's tiles came by boxes
                 boxed_below = int32(done + whole_tiles(kv_first, kv_hi))
-                run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope, c,
-                         pos0, nq, kv_first, kv_hi, ntiles, done, causal, window, iq, soft_cap,
-                         cap2, alibi, sc, plain, (cwg, bars, boxed_below))
+                if Q_REGS:
+                    run_keys(qa, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
+                             kv_hi, ntiles, done, causal, window, iq, soft_cap, cap2, alibi, sc,
+                             plain, (cwg, bars, boxed_below))
+                else:
+                    run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope,
+                             c, pos0, nq, kv_first, kv_hi, ntiles, done, causal, window, iq,
+                             soft_cap, cap2, alibi, sc, plain, (cwg, bars, boxed_below))
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 if FP8:                 # V's codes' scale

@@ -33,12 +33,15 @@ def register_split(producer_registers):
 
 def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
-                  split_halves, mbarriers, tensor_maps, merge_parts):
+                  split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs=False):
     """Raise ``ValueError`` naming the option for a combination the producer
     kernel does not take (its factory's arguments, as given there)."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
+    if q_in_regs and head_size > 128:      # D / 2 registers a consumer thread
+        raise ValueError(f"q_in_regs on the producer kernel holds head_size / 2 registers a "
+                         f"thread: head size 128 at most, but got head_size={head_size}")
     if kv_dtype is not None and prefetch_queries:
         raise ValueError("an fp8 cache's staging ring takes the place of prefetch_queries' "
                          "second query buffer: not both")

@@ -157,7 +157,7 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     # m-tile a warp, 8 warps and 64-key tiles, in both dtypes and the strided-value
     # layout; two m-tiles a warp with every option; all 32 heads of an MQA group in
     # one 2-warp decode tile; the warpgroup (wgmma) products, and with a producer
-    # warpgroup, the swizzled layout and turns
+    # warpgroup, the swizzled layout and turns (the queries in registers)
     fast = dict(fast_exp2=True, fma_softmax=True, token_copies=True)
     for hs, hpb, bn, nw, dtype, layout, opts in [
             (128, 4, 64, 8, "float16", "nhd", fast), (128, 4, 64, 8, "bfloat16", "vllm", fast),
@@ -165,7 +165,8 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
             (128, 32, 64, 2, "float16", "hnd", {}),
             (128, 4, 64, 8, "bfloat16", "vllm", dict(fast_exp2=True, wgmma=True)),
             (128, 4, 64, 8, "float16", "nhd", dict(fast_exp2=True, wgmma=True, producer=True,
-                                                   swizzle=True, pingpong=True))]:
+                                                   swizzle=True, pingpong=True,
+                                                   q_in_regs=True))]:
         yield (f"prefill_tc hs={hs} {dtype} {layout} hpb={hpb} bn={bn} warps={nw} {opts}",
                prefill_tc_kernel(hs, 16, hpb, bn, dtype, layout, nw, **opts),
                prefill_signature(dtype, layout))
