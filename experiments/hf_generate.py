@@ -300,6 +300,7 @@ def run_dtype(master, dtype, prompts, args, device, on_gpu):
 
 
 def main():
+    import pandas as pd     # (the table; checked before the minutes of generation)
     args = parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda" and not pn.simulator_enabled()
@@ -317,7 +318,6 @@ def main():
     rows = []
     for dtype in args.dtypes:
         rows += run_dtype(master, dtype, prompts, args, device, on_gpu)
-    import pandas as pd
 
     meta = provenance(args, device)
     df = pd.DataFrame([dict(meta, **r) for r in rows]).reindex(columns=COLUMNS)

@@ -16,6 +16,7 @@ SM_RATE_EXPONENT = 0.36   # k blocks on one SM stream k ** 0.36 times as fast as
 SPLIT_MARGIN = 0.05   # split only for a modelled gain above this
 MAX_WARPS = 32        # 1024 threads, CUDA's limit per thread block
 MAX_STAGES = 32       # the tensor-core kernel's ring fill reads one window of block numbers
+MAX_UNROLL = 32       # tokens a lane holds a warp step (registers: unroll x head_size / 32)
 
 
 def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, resident=3):
@@ -102,7 +103,7 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
     place of split-K, 2026-11-30)."""
     tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
     pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
-    unroll = C.integer("unroll", unroll, lo=1)
+    unroll = C.integer("unroll", unroll, lo=1, hi=MAX_UNROLL)
     stages = C.integer("stages", stages, lo=2, hi=MAX_STAGES)
     tc = tensor_cores is not False and tensor_cores_apply(
         cache.head_size, hpb, cache.dtype.name, cache.layout, _name(query_dtype), pv_mma,

@@ -85,8 +85,9 @@ def stream_handle(stream):
     if isinstance(stream, (bool, np.bool_)) or isinstance(stream, (float, str, bytes)):
         handle = None
     elif isinstance(stream, (int, np.integer)):
-        if stream < 0:
-            raise ValueError(f"stream must be a non-negative cudaStream_t, but got {int(stream)}.")
+        if not 0 <= stream < 2**64:     # a cudaStream_t is a 64-bit pointer
+            raise ValueError(f"stream must be a cudaStream_t, a pointer in [0, 2**64), but got "
+                             f"{int(stream)}.")
         handle = int(stream)
     elif hasattr(stream, "__cuda_stream__"):
         handle = int(stream.__cuda_stream__()[1])

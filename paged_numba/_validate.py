@@ -214,6 +214,21 @@ def check_context(max_blocks, block_size):
                          f"be at most {C.INT32_MAX} (int32 positions).")
 
 
+def check_fp8_scale(cache, scale):
+    """An fp8 cache's kernels fold the logit ``scale``, K's scale and log2(e)
+    into one float32 factor: refuse a pair whose product float32 cannot hold
+    (each may be finite on its own)."""
+    from .fp8 import is_fp8
+
+    if not is_fp8(cache.dtype):
+        return
+    k = float(np.max(cache.k_scale))
+    if not abs(scale) * k <= C.KERNEL_FLOAT_MAX:
+        raise ValueError(f"scale x k_scale = {scale:.4g} x {k:.4g} must be at most "
+                         f"{C.KERNEL_FLOAT_MAX:.4g} in magnitude (an fp8 cache's kernels "
+                         f"multiply them in float32).")
+
+
 def scale_of(scale, head_size):
     """The logit scale as a float: ``1 / sqrt(head_size)`` for None, else checked."""
     return 1.0 / math.sqrt(head_size) if scale is None else C.real("scale", scale)

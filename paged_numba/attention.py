@@ -7,7 +7,7 @@ from . import _validate as V
 from ._group_decode import GroupDecode, group_parts, group_tile
 from ._group_decode import group_kernel as group_kernel_of
 from .cache import kernel_scales
-from .interop import LikeInput, Results, plan_buffer
+from .interop import LikeInput, Results, cache_inputs, plan_buffer
 from .interop import overlaps as _overlaps
 from .kernels import decode_tc_tiling as decode_tc
 from .kernels.decode import heads_per_block
@@ -138,10 +138,12 @@ def paged_decode(query, cache, block_tables, seq_lens=None, scale=None, *,
     if validate:
         V.check_tables(tables_host, lens_host, cache.num_blocks, cache.block_size)
     scale = V.scale_of(scale, head_size)
+    V.check_fp8_scale(cache, scale)
     variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap, ns)
     out_dtype = V.compute_dtype("query", query, cache)     # the cache's; fp8: the query's
     results = Results(query, out, lse, (num_seqs, num_heads, head_size), out_dtype,
-                      (num_seqs, num_heads), () if from_host else (("query", q),), stream=ns)
+                      (num_seqs, num_heads),
+                      (() if from_host else (("query", q),)) + cache_inputs(cache), stream=ns)
     out, lse = results.out, results.lse
     tile = group_tile(cache, num_heads)
     if tile is not None:       # MQA and groups of 32 or more: the prefill tile
@@ -327,6 +329,7 @@ class DecodePlan:
         self.max_blocks = max_blocks
         head_size = cache.head_size
         self.scale = V.scale_of(scale, head_size)
+        V.check_fp8_scale(cache, self.scale)
         self._variants = _variants(self.num_heads, sliding_window, alibi_slopes, logits_soft_cap)
         self._inputs = None
         self._like = LikeInput()
@@ -464,6 +467,7 @@ class DecodePlan:
 
     def _check(self, inputs, stream=0):
         query, block_tables, seq_lens, out, lse = inputs
+        V.check_fp8_scale(self.cache, self.scale)         # k_scale may have changed since
         for name, x in zip(("query", "block_tables", "seq_lens"), inputs):
             if not _arrays.is_device_array(x):
                 raise TypeError(f"DecodePlan.run needs device arrays, but {name} is "
@@ -482,8 +486,9 @@ class DecodePlan:
                              f"plan, but got {V.shape_of(tables)}.")
         V.check_tables(tables_host, lens_host, self.cache.num_blocks, self.cache.block_size)
         n, h = self.num_seqs, self.num_heads
-        out = plan_buffer("out", out, expect, self.query_dtype, query, (("query", q),))
-        lse = plan_buffer("lse", lse, (n, h), np.float32, query, (("query", q),))
+        inputs = (("query", q),) + cache_inputs(self.cache)
+        out = plan_buffer("out", out, expect, self.query_dtype, query, inputs)
+        lse = plan_buffer("lse", lse, (n, h), np.float32, query, inputs)
         if out is not None and lse is not None and _overlaps(out, lse):
             raise ValueError("out and lse share memory; they must be separate buffers.")
         return q, tables, lens, out, lse

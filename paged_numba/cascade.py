@@ -44,7 +44,7 @@ from . import _arrays, _launch
 from . import _checks as C
 from . import _validate as V
 from .attention import DecodePlan, _int32_device
-from .interop import LikeInput, Results, overlaps, plan_buffer
+from .interop import LikeInput, Results, cache_inputs, overlaps, plan_buffer
 from .kernels.merge import merge_kernel
 from .prefill import PrefillPlan, uses_tensor_cores
 
@@ -338,8 +338,9 @@ class CascadeDecodePlan:
             return self._targets[2]
         q = _arrays.as_device(query, "query")[0]
         n, h, d = self.num_seqs, self.num_heads, self.cache.head_size
-        out_dev = plan_buffer("out", out, (n, h, d), self.cache.dtype, query, (("query", q),))
-        lse_dev = plan_buffer("lse", lse, (n, h), np.float32, query, (("query", q),))
+        inputs = (("query", q),) + cache_inputs(self.cache)
+        out_dev = plan_buffer("out", out, (n, h, d), self.cache.dtype, query, inputs)
+        lse_dev = plan_buffer("lse", lse, (n, h), np.float32, query, inputs)
         if out_dev is not None and lse_dev is not None and overlaps(out_dev, lse_dev):
             raise ValueError("out and lse share memory; they must be separate buffers.")
         threads = self._merge.block
@@ -473,7 +474,8 @@ def cascade_decode(query, cache, shared_block_table, shared_len, block_tables, s
                              num_partitions=num_partitions, prefix_parts=prefix_parts,
                              tensor_cores=tensor_cores)
     results = Results(query, out, lse, (num_seqs, num_heads, cache.head_size), cache.dtype,
-                      (num_seqs, num_heads), () if from_host else (("query", q),),
+                      (num_seqs, num_heads),
+                      (() if from_host else (("query", q),)) + cache_inputs(cache),
                       spare=(plan.out, plan.lse), stream=ns)
     plan.run(q, tables, lens, out=results.out, lse=results.lse, stream=handle)
     return results.finish(return_lse)

@@ -310,6 +310,13 @@ class Results:
         return tuple(results) if return_lse else results[0]
 
 
+def cache_inputs(cache):
+    """``(name, device array)`` of ``cache``'s pools, for the overlap checks of
+    ``out=``/``lse=`` (a result written over the pools would corrupt them)."""
+    return (("the cache's key pool", cache.key_cache),
+            ("the cache's value pool", cache.value_cache))
+
+
 def plan_buffer(name, given, shape, dtype, like, inputs=()):
     """The device view of ``out=``/``lse=`` given to a plan's ``run`` (None
     for None), checked as :class:`Results` checks them (device arrays only)."""

@@ -102,6 +102,21 @@ def _fits_int32(name, values, meaning):
                          f"holds ({INT32_MAX}).")
 
 
+def _csr_lens(pages, last, block_size):
+    """``(pages - 1) * block_size + last`` (0 where ``pages`` is 0) as int64,
+    after checking that each fits int32 (an int64 product could wrap and
+    pass the check)."""
+    full = np.maximum(pages - 1, 0)
+    room = INT32_MAX - np.minimum(last, INT32_MAX)       # >= 0
+    over = np.flatnonzero((pages > 0) & (full > room // block_size))
+    if over.size:
+        i = int(over[0])
+        value = int(full[i]) * int(block_size) + int(last[i])
+        raise ValueError(f"seq_lens[{i}] would be {value} (tokens), more than int32 holds "
+                         f"({INT32_MAX}).")
+    return np.where(pages > 0, full * block_size + last, 0)
+
+
 def check_offsets(name, offsets):
     """``offsets`` (a non-empty 1-D int array, e.g. ``kv_indptr`` or
     ``cu_seqlens_q``) starts at 0 and never decreases; returns the lengths
@@ -209,9 +224,7 @@ def seq_lens_from_csr(kv_indptr, kv_last_page_len, block_size):
     """
     block_size = _positive_int("block_size", block_size)
     _, last, pages = _check_pages(kv_indptr, kv_last_page_len, block_size)
-    lens = np.where(pages > 0, (pages - 1) * block_size + last, 0)
-    _fits_int32("seq_lens", lens, "tokens")
-    return lens.astype(np.int32)
+    return _csr_lens(pages, last, block_size).astype(np.int32)
 
 
 def padded_to_csr(block_tables, seq_lens, block_size):
@@ -324,8 +337,12 @@ def csr_to_padded(kv_indptr, kv_indices, kv_last_page_len, block_size, max_block
         raise ValueError(f"max_blocks must be an integer, but got {max_blocks!r}.")
     elif max_blocks < longest:
         raise ValueError(f"max_blocks={max_blocks} is smaller than the most pages of a sequence ({longest}).")
-    lens = np.where(pages > 0, (pages - 1) * block_size + last, 0)
-    _fits_int32("seq_lens", lens, "tokens")
+    elif max_blocks > INT32_MAX:
+        raise ValueError(f"max_blocks must be at most {INT32_MAX}, but got {max_blocks}.")
+    lens = _csr_lens(pages, last, block_size)
+    if pages.size * int(max_blocks) > 2**31:      # 8 GB of int32 entries
+        raise ValueError(f"a padded table of {pages.size} rows x max_blocks={max_blocks} has "
+                         f"{pages.size * int(max_blocks)} entries, more than 2**31.")
     table = np.full((pages.size, max_blocks), NO_BLOCK, np.int32)
     table[np.arange(max_blocks) < pages[:, None]] = indices
     return table, lens.astype(np.int32)

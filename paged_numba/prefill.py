@@ -7,7 +7,7 @@ from . import _validate as V
 from ._validate import check_lengths  # noqa: F401  (prefill.check_lengths, as before)
 from .attention import _int32_device, _padded, _variants
 from .cache import kernel_scales
-from .interop import LikeInput, Results, overlaps, plan_buffer
+from .interop import LikeInput, Results, cache_inputs, overlaps, plan_buffer
 from .kernels import prefill_tc, prefill_tma
 from .fp8 import is_fp8
 from .kernels.merge import merge_kernel
@@ -148,6 +148,7 @@ class PrefillPlan:
         self.q_lens = check_lengths(cu, lens, self.total_q)
         self.num_seqs = int(lens.size)
         self.scale = V.scale_of(scale, cache.head_size)
+        V.check_fp8_scale(cache, self.scale)
         # the plan's uploads and fills go on the default stream, waited for once at
         # the end (paged_prefill makes a plan a call), so any stream may run it
         self._variants = _variants(num_heads, sliding_window, alibi_slopes, logits_soft_cap, 0)
@@ -281,6 +282,7 @@ class PrefillPlan:
 
     def _check(self, inputs, validate=True, stream=0):
         query, block_tables, out, lse = inputs
+        V.check_fp8_scale(self.cache, self.scale)         # k_scale may have changed since
         q = _arrays.as_device(query, "query", stream)[0]
         expect = (self.total_q, self.num_heads, self.cache.head_size)
         if V.shape_of(q) != expect:
@@ -295,8 +297,9 @@ class PrefillPlan:
         if validate:
             V.check_tables(tables_host, self._lens_host, self.cache.num_blocks,
                            self.cache.block_size)
-        out = plan_buffer("out", out, expect, self.query_dtype, query, (("query", q),))
-        lse = plan_buffer("lse", lse, expect[:2], np.float32, query, (("query", q),))
+        inputs = (("query", q),) + cache_inputs(self.cache)
+        out = plan_buffer("out", out, expect, self.query_dtype, query, inputs)
+        lse = plan_buffer("lse", lse, expect[:2], np.float32, query, inputs)
         if out is not None and lse is not None and overlaps(out, lse):
             raise ValueError("out and lse share memory; they must be separate buffers.")
         return q, tables, out, lse
@@ -453,7 +456,8 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
                        logits_soft_cap=logits_soft_cap, tensor_cores=tensor_cores,
                        query_dtype=V.compute_dtype("query", query, cache), **tiling)
     results = Results(query, out, lse, (total_q, num_heads, head_size), plan.query_dtype,
-                      (total_q, num_heads), () if from_host else (("query", q),),
+                      (total_q, num_heads),
+                      (() if from_host else (("query", q),)) + cache_inputs(cache),
                       spare=(plan.out, plan.lse), stream=ns)
     plan._pack((q, block_tables, results.out, results.lse), validate, ns)
     if plan.num_tiles:

@@ -27,6 +27,13 @@ the sliding window); the others are never read for it. Then:
   ``out[row, d]`` NaN (or ``+-inf``; NaN where its weight is 0, ``0 * inf``)
   and leaves the log-sum-exp alone. A masked token's value reaches no output.
 
+One exception, in the values only: the tensor-core kernels multiply a tile
+of weights by a tile of values in one product, so a NaN or an ``inf`` in
+element ``d`` of a value in that tile reaches ``out[row, d]`` of every row
+of the product, as NaN where the row's weight for it is 0 (``0 * NaN``,
+``0 * inf``): masked tokens of a causal diagonal tile, keys past the end
+of a partial tile. Queries and keys follow the rules above in every kernel.
+
 Scalars (scale, soft cap, ALiBi slopes) are finite: the public functions
 reject the others.
 

@@ -100,6 +100,10 @@ def write_kv(cache, key, value, slot_mapping, *, validate=True, stream=None):
     if not host:
         slots, _ = _arrays.as_device(slot_mapping, "slot_mapping", ns)   # TypeError if no array
     V.check_int_array("slot_mapping", slot_mapping)
+    if not host and _arrays.logical_dtype(slot_mapping) == np.uint64:
+        # the kernel reads slots as int64: 2**64 - 1 would be -1, padding, unrecorded
+        raise ValueError("slot_mapping on the device must be signed (int64 or int32: -1 marks "
+                         "padding), but got dtype uint64.")
     if len(slot_mapping.shape) != 1 or slot_mapping.shape[0] != num_tokens:
         raise ValueError(
             f"slot_mapping must be [num_tokens] = [{num_tokens}], but got shape "

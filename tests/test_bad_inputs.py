@@ -210,6 +210,8 @@ CASES = [
     # -- write_kv -----------------------------------------------------------------
     case("write-slot-uint64", lambda e: e.write(np.array([0, U64, 1], np.uint64)),
          "slot_mapping[1]", str(U64)),
+    case("write-slot-device-uint64", lambda e: e.write(e.dev(np.array([0, 1, U64], np.uint64)),
+                                                       validate=False), "slot_mapping", "uint64"),
     case("write-slot-range", lambda e: e.write(np.array([0, 32, 1])), "slot_mapping[1]", "32"),
     case("write-slot-below", lambda e: e.write(np.array([0, -2, 1])), "slot_mapping[1]", "-2"),
     case("write-slot-twice", lambda e: e.write(np.array([3, 5, 3])), "slot 3", "more than once"),
@@ -327,6 +329,15 @@ CASES = [
     case("plan-warps-64", lambda e: e.decode_plan(num_warps=64), "num_warps", "64"),
     case("plan-warps-float", lambda e: e.decode_plan(num_warps=4.0), "num_warps", "4.0"),
     case("plan-unroll-0", lambda e: e.decode_plan(unroll=0), "unroll", "0"),
+    case("plan-unroll-huge", lambda e: e.decode_plan(unroll=BIG), "unroll", str(BIG)),
+    case("decode-out-over-cache", lambda e: e.decode(
+        query=e.dev(e.q), out=e.cache.key_cache.reshape(-1)[:128].reshape(2, 4, 16)), "out", "key pool"),
+    case("plan-out-over-cache", lambda e: e.run_decode(
+        out=e.cache.value_cache.reshape(-1)[:128].reshape(2, 4, 16)), "out", "value pool"),
+    case("decode-stream-past-64-bits", lambda e: e.decode(stream=2**70), "stream", str(2**70)),
+    case("fp8-scale-product", lambda e: pn.paged_decode(
+        np.zeros((1, 1, 16), F32), e.new_cache(dtype="float8_e4m3fn", k_scale=1e38),
+        np.array([[0]], I32), np.array([4], I32), scale=100.0), "scale x k_scale", "1e+38"),
     case("plan-stages-1", lambda e: e.decode_plan(stages=1), "stages", "1"),
     case("plan-stages-40", lambda e: e.decode_plan(stages=40), "stages", "40"),
     case("plan-tensor_cores", lambda e: e.decode_plan(tensor_cores="yes"), "tensor_cores",
@@ -421,6 +432,12 @@ CASES = [
     case("csr-padded-int32", lambda e: PT.padded_to_csr(np.array([[2**40]]), [3], 8),
          "block_tables[0, 0]", str(2**40)),
     case("csr-max_blocks", lambda e: PT.csr_to_padded(*CSR, 8, max_blocks=-1), "max_blocks=-1"),
+    case("csr-max_blocks-huge", lambda e: PT.csr_to_padded(*CSR, 8, max_blocks=2**40),
+         "max_blocks", str(2**40)),
+    case("csr-lens-wrap", lambda e: PT.seq_lens_from_csr([0, 2**61], [1], 8), "seq_lens[0]",
+         str((2**61 - 1) * 8 + 1)),
+    case("csr-lens-wrap-padded", lambda e: PT.csr_to_padded([0, 3], [0, 1, 2], [1], 2**62),
+         "seq_lens[0]", str(2 * 2**62 + 1)),
     case("csr-lens-block_size", lambda e: PT.seq_lens_from_csr(CSR[0], CSR[2], 0), "block_size",
          "0"),
     case("layout-name", lambda e: LY.check_layout("NHD"), "layout", "'NHD'"),
