@@ -149,6 +149,10 @@ def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None, *, k
     refused pool is left as it was.
     """
     check_layout(layout)
+    for name, pool in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if isinstance(pool, np.ndarray) and not pool.flags.writeable:
+            raise ValueError(f"{name} must be writeable (write_kv and the block movers write "
+                             f"the pools), but got a read-only array.")
     k = device_view(key_cache, "key_cache")
     v = device_view(value_cache, "value_cache")
     kdt, vdt = _logical(key_cache, k), _logical(value_cache, v)

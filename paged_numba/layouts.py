@@ -83,9 +83,12 @@ def vector_width(dtype):
     ValueError: dtype must be a NumPy dtype, but got 'foo'.
     """
     try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:
-        raise ValueError(f"dtype must be a NumPy dtype, but got {dtype!r}.") from None
+        dt = None if dtype is None else np.dtype(dtype)     # (np.dtype(None) is float64)
+    except Exception:
+        dt = None
+    if dt is None or dt.kind == "O":
+        raise ValueError(f"dtype must be a NumPy dtype, but got {dtype!r}.")
+    itemsize = dt.itemsize
     if not 1 <= itemsize <= 16 or 16 % itemsize:
         raise ValueError(f"dtype must have 1, 2, 4, 8 or 16 bytes, but got {dtype!r}.")
     return 16 // itemsize
@@ -113,7 +116,7 @@ def check_layout(layout, layouts=LAYOUTS):
         ...
     ValueError: layout must be one of ('nhd',), but got 'vllm'.
     """
-    if layout not in layouts:
+    if not isinstance(layout, str) or layout not in layouts:
         raise ValueError(f"layout must be one of {layouts}, but got {layout!r}.")
 
 
@@ -200,6 +203,17 @@ def cache_shapes_layered(layout, num_layers, num_blocks, block_size, num_kv_head
     return (num_layers, *key_shape), (num_layers, *value_shape)
 
 
+def _int_shape(name, shape):
+    """``shape`` as a tuple of Python ints, after checking that it is a
+    sequence of integers (not bools, floats or strings)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+        raise ValueError(f"{name} must be a tuple of integers, but got {shape!r}.")
+    for i, s in enumerate(shape):
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise ValueError(f"{name}[{i}] must be an integer, but got {s!r}.")
+    return tuple(int(s) for s in shape)
+
+
 def _geometry(key_shape, value_shape, layout, layered=False):
     """``(num_blocks, block_size, num_kv_heads, head_size)`` read from pool
     shapes in ``layout`` (after a leading ``num_layers`` axis when ``layered``);
@@ -260,6 +274,8 @@ def infer_geometry(key_shape, value_shape, layout, dtype):
     ValueError: pool shapes (10, 2, 16, 16, 4) and (10, 2, 64, 16) are not a 'vllm' layout for float16; expected (10, 2, 8, 16, 8) and (10, 2, 64, 16).
     """
     check_layout(layout, HOST_LAYOUTS)
+    key_shape, value_shape = _int_shape("key_shape", key_shape), _int_shape("value_shape",
+                                                                            value_shape)
     if layout == "vllm" and (len(key_shape) != 5 or len(value_shape) != 4):
         raise ValueError(  # the long-standing message for a wrong number of axes
             "layout 'vllm' needs key [num_blocks, num_kv_heads, head_size // x, block_size, x] "
@@ -267,8 +283,10 @@ def infer_geometry(key_shape, value_shape, layout, dtype):
             f"{tuple(key_shape)} and {tuple(value_shape)}."
         )
     if layout != "vllm":
-        return _geometry(key_shape, value_shape, layout)
-    nb, nkv, hx, bs, x = (int(s) for s in key_shape)
+        geometry = _geometry(key_shape, value_shape, layout)
+        cache_shapes(layout, *geometry, dtype)        # counts >= 1 (a ValueError naming one)
+        return geometry
+    nb, nkv, hx, bs, x = key_shape
     geometry = (nb, bs, nkv, hx * x)
     expected = cache_shapes(layout, *geometry, dtype)
     if x != vector_width(dtype) or expected != (tuple(key_shape), tuple(value_shape)):
@@ -337,6 +355,10 @@ def to_nhd(key_cache, value_cache, layout, *, layered=False):
     layered = flag("layered", layered)
     key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
     _geometry(key_cache.shape, value_cache.shape, layout, layered)
+    if layout == "vllm" and key_cache.shape[-1] != vector_width(key_cache.dtype):
+        raise ValueError(f"layout 'vllm' packs x = 16 // itemsize = "
+                         f"{vector_width(key_cache.dtype)} elements of {key_cache.dtype} a "
+                         f"vector, but key_cache's last axis is {key_cache.shape[-1]}.")
 
     def one(kc, vc):
         if layout == "nhd":

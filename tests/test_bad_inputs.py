@@ -101,6 +101,12 @@ def _same(a, b):
     return a is b if a is None or isinstance(a, tuple) else a == b
 
 
+def _read_only(shape):
+    a = np.zeros(shape, np.float16)
+    a.flags.writeable = False
+    return a
+
+
 def case(name, call, *fragments, error=ValueError):
     """A corpus entry: ``call(env)`` raises ``error`` with every fragment in its message."""
     return pytest.param(call, error, fragments, id=name)
@@ -441,6 +447,23 @@ CASES = [
     case("csr-lens-block_size", lambda e: PT.seq_lens_from_csr(CSR[0], CSR[2], 0), "block_size",
          "0"),
     case("layout-name", lambda e: LY.check_layout("NHD"), "layout", "'NHD'"),
+    case("layout-array", lambda e: LY.check_layout(np.array(["nhd", "hnd"])), "layout",
+         "array("),
+    case("layout-geometry-negative", lambda e: LY.infer_geometry((-1, 2, 1, 16), (-1, 2, 1, 16),
+                                                                 "nhd", "float16"),
+         "num_blocks", "-1"),
+    case("layout-geometry-float", lambda e: LY.infer_geometry((2.7, 2, 1, 16), (2.2, 2, 1, 16),
+                                                              "hnd", "float16"),
+         "key_shape[0]", "2.7"),
+    case("layout-geometry-none", lambda e: LY.infer_geometry(None, None, "nhd", "float16"),
+         "key_shape", "None"),
+    case("layout-vllm-x", lambda e: LY.to_nhd(np.zeros((2, 1, 4, 2, 4), np.float16),
+                                              np.zeros((2, 1, 16, 2), np.float16), "vllm"),
+         "x = 16 // itemsize = 8", "4"),
+    case("layout-vector_width-none", lambda e: LY.vector_width(None), "dtype", "None"),
+    case("cache-from_device-read-only", lambda e: pn.PagedKVCache.from_device(
+        _read_only((4, 2, 1, 16)), np.zeros((4, 2, 1, 16), np.float16)), "key_cache",
+        "read-only"),
     case("layout-shapes-float", lambda e: LY.cache_shapes("nhd", 1.5, 8, 1, 16, "float16"),
          "num_blocks", "1.5"),
     case("layout-vector_width", lambda e: LY.vector_width("foo"), "dtype", "'foo'"),
