@@ -13,7 +13,7 @@ from numba import config, cuda
 
 from ._arrays import logical_dtype, storage_dtype
 from ._block_launch import _block_elems, _flat_pools, _vector_threads, copy_launcher
-from ._checks import INT32_MAX
+from ._checks import INT32_MAX, integer
 from ._launch import launch, numba_stream, stream_handle
 from ._validate import dtype_text
 from .kernels.copy_blocks import copy_blocks_kernel, stage_blocks_kernel
@@ -195,12 +195,8 @@ def host_pool(cache, num_blocks):
     dtype(bfloat16)
     """
     _check_cache(cache)
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)) \
-            or num_blocks <= 0:
-        raise ValueError(f"num_blocks must be a positive integer, but got {num_blocks!r}.")
-    if num_blocks > INT32_MAX:                 # block ids go into int32 tables
-        raise ValueError(f"num_blocks must be at most {INT32_MAX}, but got {num_blocks!r}.")
-    shape = host_pool_shape(cache, int(num_blocks))
+    num_blocks = integer("num_blocks", num_blocks, lo=1, hi=INT32_MAX)   # int32 block ids
+    shape = host_pool_shape(cache, num_blocks)
     bits = storage_dtype(cache.dtype)
     try:
         if config.ENABLE_CUDASIM:

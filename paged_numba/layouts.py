@@ -58,7 +58,7 @@ True
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype)
 import numpy as np
 
-from ._checks import flag, integer
+from ._checks import flag, int_sequence, integer
 LAYOUTS = ("nhd", "vllm", "hnd", "interleaved")           # kernels and PagedKVCache take these
 HOST_LAYOUTS = LAYOUTS                                    # and so do the host converters
 DTYPES = ("float16", "float32", "bfloat16")               # bfloat16: ml_dtypes.bfloat16 on the host
@@ -204,14 +204,14 @@ def cache_shapes_layered(layout, num_layers, num_blocks, block_size, num_kv_head
 
 
 def _int_shape(name, shape):
-    """``shape`` as a tuple of Python ints, after checking that it is a
-    sequence of integers (not bools, floats or strings)."""
+    """``shape`` as a tuple of Python ints, after checking that it is a flat
+    sequence of integers (``int_sequence``: not bools, floats or strings)."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
         raise ValueError(f"{name} must be a tuple of integers, but got {shape!r}.")
-    for i, s in enumerate(shape):
-        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
-            raise ValueError(f"{name}[{i}] must be an integer, but got {s!r}.")
-    return tuple(int(s) for s in shape)
+    dims = int_sequence(name, tuple(shape))
+    if dims.ndim != 1:
+        raise ValueError(f"{name} must be a tuple of integers, but got {shape!r}.")
+    return tuple(int(s) for s in dims)
 
 
 def _geometry(key_shape, value_shape, layout, layered=False):

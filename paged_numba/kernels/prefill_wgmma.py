@@ -86,11 +86,6 @@ def product_parts(P, q_regs=False):
         SPAN = 0
         mma_s = wg.wgmma_ss(dtype, BN, 128, NCH * 128, 128, NCH * 128, False)
         mma_o = wg.wgmma_rs(dtype, D, NCH * 128, 128, True)
-    # the same K operand with A from registers (K-major B: the descriptors of mma_s's B)
-    if P.SWIZZLED:
-        mma_s_rs = wg.wgmma_rs(dtype, BN, 16, 8 * SPAN if SPLIT_KV else 16 * D, False, SPAN)
-    else:
-        mma_s_rs = wg.wgmma_rs(dtype, BN, 128, NCH * 128, False)
     pin_s, wait_s = wg.pin(BN // 2), wg.wait_pin(1, BN // 2)
     wait_s_alone = wg.wait_pin(0, BN // 2)
     pin_o, wait_o = wg.pin(D // 2), wg.wait_pin(0, D // 2)
@@ -127,6 +122,12 @@ def product_parts(P, q_regs=False):
         return wg.matrix_start(sm, qbase), wg.matrix_start(sm, KV_OFF)
 
     if q_regs:
+        # the same K operand with A from registers (K-major B: the descriptors of mma_s's B)
+        if P.SWIZZLED:
+            mma_s_rs = wg.wgmma_rs(dtype, BN, 16, 8 * SPAN if SPLIT_KV else 16 * D, False, SPAN)
+        else:
+            mma_s_rs = wg.wgmma_rs(dtype, BN, 128, NCH * 128, False)
+
         @device_function
         def issue_s(s, qa, kvs, stage):
             """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one
