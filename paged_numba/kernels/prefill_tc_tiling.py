@@ -46,7 +46,8 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     most 8), as for the CUDA-core kernel. On an sm_90 GPU (``sm90=True``), for
     prompts at head size 64 or 128 (and 256, with 32-key tiles, but for
     ``"vllm"``): the warpgroup kernel in the swizzled
-    layout, 8 warps of 16 rows and 64-key tiles, with a producer warpgroup,
+    layout, 8 warps of 16 rows and 64-key tiles (128 at head size 64), with a
+    producer warpgroup,
     the two consumer warpgroups taking turns and persistent blocks (one a
     multiprocessor; :mod:`paged_numba.kernels.prefill_wgmma_ws`, 4 stages) and
     the lean key loop (32-bit counters, the mask limits once an item) in
@@ -59,7 +60,8 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     exponentials as ``ex2.approx``. These were the fastest of those timed on
     the H200 (``docs/journal/prefill_tc.md``: prefill v2 options measured,
     2026-12-01; v8 and v13 measured, 2026-12-02), the lean loop on an H100
-    (v26, 2026-12-05), head size 256 (v27, 2026-12-06). Where the batch's longest query
+    (v26, 2026-12-05), head sizes 256 and 64 (v27 and v29, 2026-12-06; at 256
+    with lazy rescaling of O). Where the batch's longest query
     fills fewer rows (decode-like batches) the tile shrinks to one m-tile a
     warp, with 64-key tiles, and fewer warps, at least one (16 rows).
 
@@ -71,8 +73,11 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     (4, 4, 64, 1, {'fast_exp2': True, 'q_in_regs': True, 'm_tiles': 1})
     >>> prefill_tc_config(64, 8)[:4], prefill_tc_config(256, 1)[:4]
     ((8, 16, 32, 4), (1, 128, 32, 8))
-    >>> prefill_tc_config(256, 4, sm90=True)[2], prefill_tc_config(256, 4, sm90=True)[4]['producer']
-    (32, True)
+    >>> prefill_tc_config(64, 4, sm90=True)[2], prefill_tc_config(64, 4, layout="vllm", sm90=True)[2]
+    (128, 64)
+    >>> d256 = prefill_tc_config(256, 4, sm90=True)
+    >>> d256[2], d256[4]['producer'], d256[4]['lazy_rescale']
+    (32, True, True)
     """
     hpb = 1
     while hpb * 2 <= min(group_size, 8) and group_size % (hpb * 2) == 0:
@@ -80,13 +85,16 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     rows = None if max_q_len is None else int(max_q_len) * hpb
     if sm90 and head_size in (64, 128) and (rows is None or rows > 64):
         options = dict(fast_exp2=True, m_tiles=1, wgmma=True, swizzle=True)
-        if layout != "vllm":
-            options.update(producer=True, pingpong=True, persistent=True, lean_loop=True)
-        return hpb, 128 // hpb, 64, 8, options
+        if layout == "vllm":
+            return hpb, 128 // hpb, 64, 8, options
+        options.update(producer=True, pingpong=True, persistent=True, lean_loop=True)
+        # head size 64: 128-key tiles (a 4-stage ring of 128 KB), half the per-tile work a key
+        return hpb, 128 // hpb, 128 if head_size == 64 else 64, 8, options
     if sm90 and head_size == 256 and layout != "vllm" and (rows is None or rows > 64):
-        # 32-key tiles: 64 KB of queries and a 4-stage ring of 128 KB
+        # 32-key tiles: 64 KB of queries and a 4-stage ring of 128 KB; O (128
+        # accumulators a thread) rescaled only when a row's maximum grows by 2**8
         options = dict(fast_exp2=True, m_tiles=1, wgmma=True, swizzle=True, producer=True,
-                       pingpong=True, persistent=True, lean_loop=True)
+                       pingpong=True, persistent=True, lean_loop=True, lazy_rescale=True)
         return hpb, 128 // hpb, 32, 8, options
     if head_size <= 128 and (rows is None or rows > 64):
         # two m-tiles a warp: each K/V fragment feeds two products

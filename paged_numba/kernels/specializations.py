@@ -192,6 +192,12 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
            f"{opts}"), prefill_tc_kernel(128, 16, hpb, bn, "float16", "nhd", nw, **opts,
                                          kv_dtype="float8_e4m3fn"), \
         prefill_signature("float8_e4m3fn", "nhd", "float16")
+    # the producer kernel at sm_90's default tilings of head sizes 64 and 256
+    for hs in (64, 256):
+        hpb, _, bn, nw, opts = prefill_tc_config(hs, 4, None, "nhd", sm90=True)
+        yield (f"prefill_tc hs={hs} float16 nhd sm_90 default hpb={hpb} bn={bn} warps={nw} "
+               f"{opts}"), prefill_tc_kernel(hs, 16, hpb, bn, "float16", "nhd", nw, **opts), \
+            prefill_signature("float16", "nhd")
     from .copy_blocks import copy_blocks_kernel
 
     for dtype in DTYPES:
