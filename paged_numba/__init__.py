@@ -50,13 +50,13 @@ from .fp8 import fp8_scales  # noqa: E402
 from .prefill import PrefillPlan, paged_prefill  # noqa: E402
 from .write import write_kv  # noqa: E402
 from .block_manager import BlockManager  # noqa: E402
-from .blocks import copy_blocks, host_pool, swap_blocks  # noqa: E402
+from .blocks import HostPool, copy_blocks, host_pool, swap_blocks  # noqa: E402
 from .cascade import CascadeDecodePlan, cascade_decode  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["BlockAllocator", "CSRTable", "DecodePlan", "OutOfBlocksError", "PagedKVCache", "PrefillPlan",
            "merge_states", "paged_decode", "paged_prefill", "write_kv", "simulator_enabled"]
-__all__ += ["BlockManager", "copy_blocks", "host_pool", "swap_blocks"]
+__all__ += ["BlockManager", "HostPool", "copy_blocks", "host_pool", "swap_blocks"]
 __all__ += ["CascadeDecodePlan", "cascade_decode"]
 __all__ += ["fp8_scales"]
 

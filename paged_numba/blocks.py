@@ -158,6 +158,25 @@ def copy_blocks(cache, pairs, *, stream=None):
     copy_launcher(cache, arr.shape[0])(arr, handle)
 
 
+class HostPool(np.ndarray):
+    """A host pool (:func:`host_pool`): a NumPy array that also records the
+    geometry of the cache it was made for, ``(layout, block_size,
+    num_kv_heads, head_size)``, so that :func:`swap_blocks` refuses a cache
+    whose blocks have the same size but another element order (an "nhd"
+    pool swapped into an "hnd" cache, 16 tokens of 8 heads into 8 tokens of
+    16). Views and slices keep it; a plain NumPy array of the right shape
+    and dtype is taken as it is."""
+
+    geometry = None
+
+    def __array_finalize__(self, obj):
+        self.geometry = getattr(obj, "geometry", None)
+
+
+def _geometry(cache):
+    return (cache.layout, int(cache.block_size), int(cache.num_kv_heads), int(cache.head_size))
+
+
 def host_pool_shape(cache, num_blocks):
     """Shape of a host pool of ``num_blocks`` blocks for ``cache``:
     ``[num_blocks, (num_layers,) 2, block_size * num_kv_heads * head_size]``.
@@ -181,9 +200,12 @@ def host_pool(cache, num_blocks):
 
     Returns
     -------
-    numpy.ndarray, ``[num_blocks, (num_layers,) 2, block_size * num_kv_heads * head_size]``
-        In the cache's logical dtype (``ml_dtypes.bfloat16`` for bfloat16); page-locked
-        (pinned) memory when there is a GPU, so copies on a stream are asynchronous.
+    HostPool, ``[num_blocks, (num_layers,) 2, block_size * num_kv_heads * head_size]``
+        A NumPy array in the cache's logical dtype (``ml_dtypes.bfloat16`` for
+        bfloat16); page-locked (pinned) memory when there is a GPU, so copies on a
+        stream are asynchronous. Its ``geometry`` attribute records the cache's
+        ``(layout, block_size, num_kv_heads, head_size)``, which
+        :func:`swap_blocks` checks.
 
     Examples
     --------
@@ -208,7 +230,9 @@ def host_pool(cache, num_blocks):
         nbytes = int(np.prod(shape, dtype=object)) * bits.itemsize
         raise MemoryError(f"a host pool of num_blocks={num_blocks} blocks needs {nbytes} bytes "
                           f"of (pinned) host memory, which could not be allocated: {e}") from None
-    return pool.view(cache.dtype)
+    pool = pool.view(cache.dtype).view(HostPool)
+    pool.geometry = _geometry(cache)
+    return pool
 
 
 def _check_host_pool(pool, cache, name):
@@ -226,6 +250,12 @@ def _check_host_pool(pool, cache, name):
         raise ValueError(f"{name} must be C-contiguous, but got strides {pool.strides}.")
     if not pool.flags.writeable:
         raise ValueError(f"{name} must be writeable.")
+    made_for = getattr(pool, "geometry", None)
+    if made_for is not None and tuple(made_for) != _geometry(cache):
+        fields = "(layout, block_size, num_kv_heads, head_size)"
+        raise ValueError(f"{name} was made for a cache of {fields} = {tuple(made_for)}, but "
+                         f"this cache has {_geometry(cache)}: its blocks' elements are in "
+                         f"another order.")
     return pool.view(storage_dtype(cache.dtype))
 
 

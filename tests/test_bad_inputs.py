@@ -236,7 +236,7 @@ CASES = [
          error=TypeError),
     case("write-validate", lambda e: e.write(np.arange(3), validate="yes"), "validate", "'yes'"),
     case("write-cache", lambda e: pn.write_kv(e.pool, e.kv, e.kv, np.arange(3)), "cache",
-         "ndarray", error=TypeError),
+         "HostPool", error=TypeError),
     # -- paged_decode -------------------------------------------------------------
     case("decode-query-dtype", lambda e: e.decode(query=e.q.astype(np.float16)), "query",
          "float16"),
@@ -307,7 +307,7 @@ CASES = [
                                                  seq_lens=None), "kv_indptr[0]", "1"),
     case("decode-csr-lens", lambda e: e.decode(block_tables=CSR, seq_lens=np.array([12, 6], I32)),
          "seq_lens", "[12, 6]"),
-    case("decode-cache-type", lambda e: e.decode(cache=e.pool), "cache", "ndarray",
+    case("decode-cache-type", lambda e: e.decode(cache=e.pool), "cache", "HostPool",
          error=TypeError),
     case("decode-cache-layered", lambda e: e.decode(cache=e.layered), "num_layers", "2"),
     # -- merge_states -------------------------------------------------------------
@@ -411,7 +411,7 @@ CASES = [
     case("copy-source", lambda e: pn.copy_blocks(e.cache, [(9, 1)]), "pairs[0, 0]", "9"),
     case("copy-twice", lambda e: pn.copy_blocks(e.cache, [(0, 1), (2, 1)]), "destination block 1"),
     case("copy-overlap", lambda e: pn.copy_blocks(e.cache, [(0, 2), (2, 3)]), "block 2"),
-    case("copy-cache", lambda e: pn.copy_blocks(e.pool, [(0, 1)]), "cache", "ndarray",
+    case("copy-cache", lambda e: pn.copy_blocks(e.pool, [(0, 1)]), "cache", "HostPool",
          error=TypeError),
     case("host_pool-0", lambda e: pn.host_pool(e.cache, 0), "num_blocks", "0"),
     case("host_pool-float", lambda e: pn.host_pool(e.cache, 2.5), "num_blocks", "2.5"),

@@ -230,7 +230,7 @@ def test_swap_blocks_bad_inputs_change_nothing():
         (lambda: swap_blocks(cache, host[:0], [(0, 0)]), ValueError, r"but got shape \(0, 2, 16\)"),
         (lambda: swap_blocks(cache, host[:, :, ::-1], [(0, 0)]), ValueError, "dst must be C-contiguous"),
         (lambda: swap_blocks(cache, cache, [(0, 0)]), TypeError, "got PagedKVCache and PagedKVCache"),
-        (lambda: swap_blocks(host, host, [(0, 0)]), TypeError, "cache must be a PagedKVCache, but got ndarray"),
+        (lambda: swap_blocks(host, host, [(0, 0)]), TypeError, "cache must be a PagedKVCache, but got HostPool"),
         (lambda: swap_blocks(cache, host, [(0.5, 0)]), ValueError, "integer block ids"),
         (lambda: host_pool(cache, 0), ValueError, "num_blocks must be a positive integer, but got 0"),
         (lambda: host_pool(cache, 2.0), ValueError, "but got 2.0"),
@@ -243,6 +243,35 @@ def test_swap_blocks_bad_inputs_change_nothing():
     np.testing.assert_array_equal(k0, k1)
     np.testing.assert_array_equal(v0, v1)
     np.testing.assert_array_equal(host.view(np.uint16), h0.view(np.uint16))
+
+
+def test_swap_refuses_a_pool_of_another_geometry():
+    """A host pool records the geometry of the cache it was made for: swapping
+    it into a cache whose blocks have the same size but another element order
+    (another layout; 4 tokens of 2 heads against 8 tokens of 1) is refused
+    before anything is copied; the same geometry, a slice of the pool, and a
+    plain NumPy array (which records nothing) are taken."""
+    cache = random_cache("nhd", "float16", block_size=4, num_kv_heads=2)
+    host = host_pool(cache, 3)
+    swap_blocks(cache, host, [(1, 2)])
+    assert host.geometry == ("nhd", 4, 2, 8) and host[1:].geometry == host.geometry
+    for other in (dict(layout="hnd"), dict(layout="vllm"), dict(block_size=8, num_kv_heads=1)):
+        geo = dict(dict(layout="nhd", block_size=4, num_kv_heads=2), **other)
+        target = random_cache(geo.pop("layout"), "float16", **geo, seed=1)
+        k0, v0 = pools(target)
+        with pytest.raises(ValueError, match=r"src was made for a cache of \(layout, block_size, "
+                                             r"num_kv_heads, head_size\) = \('nhd', 4, 2, 8\)"):
+            swap_blocks(host, target, [(2, 0)])
+        with pytest.raises(ValueError, match="dst was made for"):
+            swap_blocks(target, host[1:], [(0, 0)])
+        k1, v1 = pools(target)
+        np.testing.assert_array_equal(k0, k1)
+        np.testing.assert_array_equal(v0, v1)
+    twin = random_cache("nhd", "float16", block_size=4, num_kv_heads=2, seed=2)
+    swap_blocks(host, twin, [(2, 0)])
+    np.testing.assert_array_equal(pools(twin)[0][0], pools(cache)[0][1])
+    swap_blocks(np.asarray(host), random_cache("hnd", "float16", block_size=4, num_kv_heads=2),
+                [(2, 0)])
 
 
 def test_manager_and_kernels_fork_copy_on_write_decode():
