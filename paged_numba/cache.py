@@ -203,7 +203,7 @@ class PagedKVCache:
 
     @classmethod
     def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None, *, k_scale=None,
-                    v_scale=None):
+                    v_scale=None, dtype=None):
         """A cache over existing device pools, without a copy.
 
         Parameters
@@ -226,6 +226,13 @@ class PagedKVCache:
             fp8 pools only: what their codes are scaled by, as in the
             constructor (default 1.0; finite and positive in float32, else a
             ``ValueError`` naming the argument). Settable later too.
+        dtype : str or numpy.dtype, optional, keyword-only
+            The cache's dtype, for pools that hold its bits rather than
+            say it: uint8 device arrays of ``"float8_e4m3fn"`` or
+            ``"float8_e5m2"`` codes (numba has no float8 type, and a uint8
+            array cannot tell the two formats apart), uint16 ones of
+            bfloat16. Pools of the dtype itself are taken too; any other is a
+            ``ValueError``. Default: the pools' own dtype.
 
         Returns
         -------
@@ -255,7 +262,7 @@ class PagedKVCache:
         from .interop import from_device
 
         return from_device(cls, key_cache, value_cache, layout, num_layers, k_scale=k_scale,
-                           v_scale=v_scale)
+                           v_scale=v_scale, dtype=dtype)
 
     @property
     def errors(self):

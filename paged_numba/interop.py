@@ -141,7 +141,7 @@ def _check_pool(name, dev):
 
 
 def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None, *, k_scale=None,
-                v_scale=None):
+                v_scale=None, dtype=None):
     """A ``cls`` (PagedKVCache) whose pools are the caller's device arrays.
 
     See :meth:`paged_numba.PagedKVCache.from_device` for the parameters.
@@ -156,12 +156,24 @@ def from_device(cls, key_cache, value_cache, layout="nhd", num_layers=None, *, k
     k = device_view(key_cache, "key_cache")
     v = device_view(value_cache, "value_cache")
     kdt, vdt = _logical(key_cache, k), _logical(value_cache, v)
-    if kdt != vdt:
-        raise ValueError(f"key_cache and value_cache must have the same dtype, but got {kdt.name} "
-                         f"and {vdt.name}.")
     from .cache import _cache_dtype, checked_scales
 
-    dtype = _cache_dtype(kdt)
+    if dtype is not None:       # the pools hold it, or its bits (uint8 codes, uint16)
+        dtype = _cache_dtype(dtype)
+        bits = _arrays.storage_dtype(dtype)
+        for name, got in (("key_cache", kdt), ("value_cache", vdt)):
+            if got not in (dtype, bits):
+                held = dtype.name if bits == dtype else f"{dtype.name} or its {bits.name} bits"
+                raise ValueError(f"{name} must hold {held} for dtype={dtype.name}, but got "
+                                 f"{got.name}.")
+    elif kdt != vdt:
+        raise ValueError(f"key_cache and value_cache must have the same dtype, but got {kdt.name} "
+                         f"and {vdt.name}.")
+    elif kdt == np.uint8:
+        raise ValueError("key_cache and value_cache hold uint8: pass dtype='float8_e4m3fn' or "
+                         "dtype='float8_e5m2' to say which fp8 format their codes are in.")
+    else:
+        dtype = _cache_dtype(kdt)
     for name, dev in (("key_cache", k), ("value_cache", v)):
         if np.dtype(dev.dtype) != _arrays.storage_dtype(dtype):
             raise ValueError(f"{name} must hold {dtype.name} as "

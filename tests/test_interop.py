@@ -268,6 +268,43 @@ def test_from_device_refuses_bad_fp8_scales_and_touches_nothing(kwargs, message)
     assert _same(key, before[0]) and _same(value, before[1])
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_from_device_takes_fp8_codes_as_uint8_with_their_dtype(dtype):
+    """uint8 pools (numba's way to hold fp8 codes on a GPU) with ``dtype=``
+    name the format: the cache writes and reads the same codes as a cache
+    over float8 pools; without ``dtype`` or with another one, a ValueError
+    before anything is touched."""
+    codes = [np.zeros((NB, BS, FP8_HEADS, D), np.uint8) for _ in range(2)]
+    pools = codes if SIM else [cuda.to_device(c) for c in codes]
+    cache = pn.PagedKVCache.from_device(*pools, dtype=dtype, k_scale=0.5, v_scale=2.0)
+    regular = pn.PagedKVCache(NB, BS, FP8_HEADS, D, dtype=dtype, k_scale=0.5, v_scale=2.0)
+    assert cache.dtype == np.dtype(dtype)
+    kv = np.random.default_rng(3).standard_normal((len(SLOTS), FP8_HEADS, D)).astype(np.float16)
+    for c in (cache, regular):
+        pn.write_kv(c, 4 * kv, -kv, SLOTS)
+    host = [np.asarray(p) if SIM else p.copy_to_host() for p in pools]
+    want = [x.view(np.uint8) for x in regular.to_host()]
+    assert np.array_equal(host[0], want[0]) and np.array_equal(host[1], want[1])
+    assert host[0].any()
+    q = _query(np.float16, heads=2 * FP8_HEADS)
+    assert _same(pn.paged_decode(q, cache, TABLE, LENS), pn.paged_decode(q, regular, TABLE, LENS))
+    other = "float8_e5m2" if dtype == "float8_e4m3fn" else "float8_e4m3fn"
+    typed = np.zeros((NB, BS, FP8_HEADS, D), np.dtype(other))
+    refusals = [(pools, {}, "hold uint8: pass dtype='float8_e4m3fn' or dtype='float8_e5m2'"),
+                (pools, {"dtype": "float16"}, "key_cache must hold float16 for dtype=float16, "
+                                             "but got uint8"),
+                (pools, {"dtype": "int8"}, "dtype must be one of")]
+    if SIM:         # float8 arrays are device arrays only here
+        refusals.append(([typed, typed.copy()], {"dtype": dtype},
+                         f"key_cache must hold {dtype} or its uint8 bits for dtype={dtype}, but "
+                         f"got {other}"))
+    for args, kw, message in refusals:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            pn.PagedKVCache.from_device(*args, **kw)
+    after = [np.asarray(p) if SIM else p.copy_to_host() for p in pools]
+    assert np.array_equal(after[0], host[0]) and np.array_equal(after[1], host[1])
+
+
 @pytest.mark.parametrize("kwargs", [{"k_scale": 0.5}, {"v_scale": [1.0]}, {"k_scale": 0.0}])
 def test_from_device_refuses_scales_for_pools_that_are_not_fp8(kwargs):
     """As the constructor does: scales on a float32 pool are a ValueError,
