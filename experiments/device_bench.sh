@@ -19,7 +19,7 @@ has headline && python3 experiments/bench_decode.py --grid headline --out "$OUT/
 has tuning && python3 experiments/bench_decode.py --tuning 2>&1 | tee "$OUT/tuning.txt"
 has grid && python3 experiments/bench_decode.py --grid full --reps 10 --out "$OUT/decode_grid_h200.csv" 2>&1 | tee "$OUT/grid.txt"
 has partitions && python3 experiments/bench_decode.py --partitions 2>&1 | tee "$OUT/partitions.txt"
-has tests && GPU_EXAMPLES=${GPU_EXAMPLES:-5} HYPOTHESIS_PROFILE=gpu timeout 240 python3 -m pytest -q -x -p no:cacheprovider -n "$(nproc)" tests/test_decode.py -k "${TEST_K:-head_size128-block_size16}" 2>&1 | tail -15 | tee "$OUT/tests.txt"
+has tests && GPU_EXAMPLES=${GPU_EXAMPLES:-5} HYPOTHESIS_PROFILE=gpu timeout 240 python3 -m pytest -q -x -p no:cacheprovider -n "$(nproc)" tests/test_decode.py tests/test_decode_tensor_cores.py -k "${TEST_K:-head_size128-block_size16}" 2>&1 | tail -15 | tee "$OUT/tests.txt"
 has prefill && python3 experiments/bench_prefill.py --check --out "$OUT/prefill_h200.csv" 2>&1 | tail -40 | tee "$OUT/prefill.txt"
 has sweeps && for s in exactness decode paging-overhead split-k; do timeout 200 python3 -m paged_numba sweep $s --out "$OUT" 2>&1 | tail -3; done
 has ncu && ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats -k regex:paged_decode -c 1 python3 experiments/bench_decode.py --once 64 4096 > "$OUT/ncu.txt" 2>&1; tail -5 "$OUT/ncu.txt"

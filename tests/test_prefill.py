@@ -1,4 +1,5 @@
-"""paged_prefill against the float64 dense reference."""
+"""paged_prefill against the float64 dense reference (the warpgroup kernels:
+test_prefill_wgmma)."""
 import itertools
 
 import numpy as np
@@ -83,31 +84,13 @@ LONG_F16 = _problem([21, 1], [40, 33], [[9, 3, 0, 7, 5], [1, 8, 2, 4, 6]], 8, he
                     num_heads=2, dtype="float16")
 
 
-# wgmma: 43 query tokens x 2 heads fill both warpgroups of an 8-warp tile (128 rows);
-# 45 keys in 32-key tiles (two products of 16 keys each in O += P V)
-WG_LONG = _problem([40, 3], [45, 20], [[9, 3, 0, 7, 5, 10], [1, 8, 2, -1, -1, -1]], 8,
-                   head_size=32, num_heads=2, dtype="float16")
-WG_LONG_BF16 = _problem([40, 3], [45, 20], [[9, 3, 0, 7, 5, 10], [1, 8, 2, -1, -1, -1]], 8,
-                        head_size=32, num_heads=2, dtype="bfloat16", layout="vllm")
-WG = dict(tensor_cores=True, kernel_options=dict(wgmma=True))
-WG_TWO = dict(WG, block_n=32, num_warps=8) if SIM else WG      # two warpgroups
-WG_ONE = dict(WG, block_n=16, num_warps=4) if SIM else WG
-# the producer kernel: 100 keys in 16-key tiles (7) go round its 4-stage ring
-# almost twice, so the consumers hand stages back and the producer waits for them
-WS_LONG = _problem([40, 3], [100, 20],
-                   [[9, 3, 0, 7, 5, 10, 11, 12, 4, 13, 14, 15, 16], [1, 8, 2] + [-1] * 10], 8,
-                   head_size=32, num_heads=2, dtype="float16")
+# the producer kernel's, shared with test_prefill_wgmma and test_prefill_timeline:
 # two KV heads of 2 query heads, a tile a sequence: 8 (tile, head block) items
 # at one head a tile, 4 at two
 WS_HEADS = _problem([40, 3], [40, 20], [[9, 3, 0, 7, 5], [1, 8, 2, -1, -1]], 8,
                     head_size=32, num_heads=4, num_kv_heads=2, dtype="float16")
-# head size 128: two 128-byte atoms a row in the swizzled layout (k-steps 4.. in the second)
-WG_D128 = _problem([5], [20], [[3, 0, 2]], 8, head_size=128, num_heads=2, dtype="float16")
-# head size 256: four 128-byte atoms a row; 40 keys in 16-key tiles go round a 3-stage ring
-WS_D256 = _problem([5], [40], [[3, 0, 2, 4, 1]], 8, head_size=256, num_heads=2, dtype="bfloat16")
 WS = dict(tensor_cores=True, kernel_options=dict(wgmma=True, producer=True))
 WS_TWO = dict(WS, block_n=16, num_warps=8)
-WS_ONE = dict(WS, block_n=16, num_warps=4)
 
 
 def rounding(cache, tiling):
@@ -176,123 +159,6 @@ def test_tc_prefill_kernel_options(options):
         check_prefill(SEED_MIX, True, dict(SMALL, kernel_options=options))
 
 
-@pytest.mark.parametrize("p, causal, tiling, extra", [
-    (WG_LONG, True, WG_TWO, {}), (WG_LONG_BF16, False, WG_ONE, {}),
-    (LONG_F16, True, WG_ONE, dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]),
-                                  logits_soft_cap=3.0)),
-    (LONG_F16, True, dict(WG_ONE, num_parts=2), {}), (MQA_DECODE_F16, True, WG_ONE, {})],
-    ids=["two-warpgroups", "bf16-vllm-noncausal", "variants", "split-k", "mqa-decode"])
-def test_tc_prefill_wgmma(p, causal, tiling, extra):
-    """Warpgroup products (``kernel_options={"wgmma": True}``) within the
-    tensor-core bound: two warpgroups of rows, several key tiles and 16-key
-    steps of ``P V``, the "vllm" layout's element-wise values, the variants,
-    split-K and a decode-like tile."""
-    check_prefill(p, causal, tiling, **extra)
-
-
-@pytest.mark.parametrize("p, causal, tiling, extra", [
-    (WS_LONG, True, WS_TWO, {}), (WS_LONG, False, WS_ONE, {}),
-    (LONG_F16, True, dict(WS_ONE, num_parts=2),
-     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
-    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)), {}),
-    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
-                                                     swizzle=True)), {}),
-    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
-                                                     swizzle=True, persistent=1)), {}),
-    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=3)), {}),
-    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=3, prefetch_queries=True,
-        prefetch_ranges=True)), {}),
-    (WS_HEADS, False, dict(WS_TWO, heads_per_block=2, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, swizzle=True, persistent=2,
-        prefetch_queries=True)), dict(sliding_window=30)),
-    (WS_HEADS, True, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, swizzle=True, persistent=2, prefetch_ranges=True)),
-     dict(sliding_window=30)),
-    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True,
-                                                     swizzle=True, mbarriers=True)), {}),
-    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=3, mbarriers=True)), {}),
-    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], q_in_regs=True)), {}),
-    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
-        q_in_regs=True)), {}),
-    (WG_D128, False, dict(WS_ONE, block_n=32, kernel_options=dict(
-        WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {})],
-    ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
-         "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
-         "prefetch-swizzled-window", "persistent-split-k-ranges", "mbarriers",
-         "mbarriers-persistent", "queries-in-registers", "queries-in-registers-default-loop",
-         "queries-in-registers-head-128-split"])
-def test_tc_prefill_producer(p, causal, tiling, extra):
-    """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
-    "producer": True}``), within the tensor-core bound: more key tiles than
-    ring stages (the empty/full barriers), two consumer warpgroups (also
-    taking turns), the variants with split-K; persistent blocks: one block for
-    every tile, three blocks for eight (tile, head block) items of two KV
-    heads (in the serpentine block 0 takes items 0, 5, 6 and block 2 items 2,
-    3; the ring goes on from one item's keys to the next); the same with the
-    next item's queries copied ahead into a second buffer
-    (``prefetch_queries``: three blocks taking 3, 3 and 2 items alternate
-    their buffers, their next ranges read ahead too, ``prefetch_ranges``; two
-    blocks of two items, swizzled, not causal, with a window); two blocks of
-    two items with split-K and a window, the next ranges read ahead; the
-    copies arriving at mbarriers (``mbarriers``: 7 tiles round a 4-stage ring,
-    the phases' parity alternating; and across persistent blocks' items); the
-    queries as the register A operand of ``S = Q K^T`` (``q_in_regs``: one
-    warpgroup; the default's loop, swizzled, persistent, lean; head size 128
-    in the copy engine's layout)."""
-    check_prefill(p, causal, tiling, **extra)
-
-
-@pytest.mark.parametrize("p, causal, tiling", [
-    (WG_LONG, True, dict(WG_TWO, kernel_options=dict(wgmma=True, swizzle=True))),
-    (WS_LONG, True, dict(WS_ONE, kernel_options=dict(wgmma=True, producer=True, swizzle=True))),
-    (WG_LONG_BF16, False, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
-    (WG_D128, True, dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True))),
-    (WG_D128, False, dict(WS_ONE, block_n=32, kernel_options=dict(
-        wgmma=True, producer=True, swizzle=True, split_halves=True))),
-    (WS_D256, True, dict(WS_ONE, kernel_options=dict(
-        wgmma=True, producer=True, swizzle=True, lean_loop=True, stages=3)))],
-    ids=["wgmma", "producer", "bf16-vllm-noncausal", "head-128", "producer-head-128-split",
-         "producer-head-256-lean"])
-def test_tc_prefill_swizzled(p, causal, tiling):
-    """Both warpgroup kernels with their tiles in the swizzled layout
-    (``swizzle=True``; head size 32: 64-byte atom rows; 128: two 128-byte
-    atoms a row); the producer kernel's K/V tiles at head size 128 also in
-    the layout of tensor-map copies (``split_halves``: the rows' first 64
-    elements, then their last 64; 32-key tiles, two products in ``P V``); the
-    producer kernel at head size 256 (four atoms a row), bf16, lean loop."""
-    check_prefill(p, causal, tiling)
-
-
-@pytest.mark.parametrize("tiling", [
-    dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True, swizzle=True,
-                                     lazy_rescale=True)),
-    dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True, lazy_rescale=True))],
-    ids=["producer", "wgmma"])
-def test_tc_prefill_lazy_rescale(tiling):
-    """``lazy_rescale=True`` within the tensor-core bound, on keys whose size
-    grows along the sequence: the first 16 at 1, the next 32 at 3 (a row's
-    maximum grows by less than the slack: kept, weights above 1), the next 16
-    at 12 (it grows by far more: moved, O and the row sum rescaled)."""
-    p = WS_LONG
-    q, k, v = p.arrays()
-    grow = np.ones(p.seq_lens[0], np.float32)
-    grow[16:48], grow[48:64] = 3.0, 12.0
-    for pos, g in enumerate(grow):
-        blk = p.block_tables[0, pos // p.block_size]
-        k[blk, pos % p.block_size] = (k[blk, pos % p.block_size].astype(np.float32) * g).astype(
-            k.dtype)
-    kc, vc = p.layout_pools(k, v)
-    cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
-    out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
-                                causal=True, return_lse=True, **tiling)
-    check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=True,
-                                                    tensor_cores=rounding(cache, tiling)))
-
-
 def test_default_kernel_follows_the_gpu_and_the_batch():
     """On an sm_90 GPU a prompt's default is the warpgroup kernel (with a
     producer, turns and persistent blocks, except for the ``"vllm"`` layout's
@@ -321,115 +187,6 @@ def test_default_kernel_follows_the_gpu_and_the_batch():
 def cuda_device():
     from numba import cuda
     return cuda.get_current_device()
-
-
-@pytest.mark.skipif(not SIM, reason="calls a device function from the host (simulator)")
-def test_tc_prefill_mask_limits():
-    """The lean key loop's tile test (two compares against ``mask_limits``,
-    computed once an item, in int32) gives the three conditions it stands for:
-    the context's end, the causal diagonal, the window's edge."""
-    from numba import int32
-    from paged_numba.kernels.prefill_tc_parts import tile_parts
-    BN = 16
-    P = tile_parts(32, 8, 1, BN, "float16", "nhd", 4)
-    edges = (0, 1, 14, 15, 16, 17, 31, 32, 33, 47, 48)      # about the tile's edges
-    for pos0, nq, kv_hi, causal, window in itertools.product(
-            edges, (1, 2, 4), edges[1:], (0, 1), (0, 1, 2, 15, 16, 17, 40)):
-        for kt in range(0, 64, BN):
-            want = (kt + BN > kv_hi or (causal != 0 and kt + BN - 1 > pos0)
-                    or (window > 0 and pos0 + nq - 1 - kt >= window))
-            lo, hi = P.mask_limits(*(int32(x) for x in (pos0, nq, kv_hi, causal, window)))
-            assert (kt <= lo or kt > hi) == want, (kt, pos0, nq, kv_hi, causal, window)
-
-
-@pytest.mark.parametrize("p, causal, tiling, extra", [
-    (WS_LONG, True, WS_ONE, {}),
-    (LONG_F16, True, dict(WS_ONE, num_parts=2),
-     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
-    (WS_LONG, False, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], stages=3)),
-     dict(sliding_window=23)),
-    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, swizzle=True, persistent=3, stages=3,
-        lazy_rescale=True)), {})],
-    ids=["causal", "variants-split-k", "noncausal-window-three-stages", "persistent-lazy"])
-def test_tc_prefill_lean_loop_is_bit_for_bit(p, causal, tiling, extra):
-    """``lean_loop`` (32-bit counters, each tile's mask decided before its
-    scores land, the softmax unseeded) gives the producer kernel's outputs and
-    log-sum-exps bit for bit: one consumer warpgroup, the variants with
-    split-K, a window, and persistent blocks taking turns."""
-    base = run_prefill(p, causal, tiling, **extra)
-    lean = run_prefill(p, causal, dict(tiling, kernel_options=dict(
-        tiling["kernel_options"], lean_loop=True)), **extra)
-    for a, b in zip(base[1:3], lean[1:3]):
-        a, b = np.asarray(a), np.asarray(b)
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    assert np.isfinite(np.asarray(base[1], np.float32)).all()
-
-
-def test_wgmma_rejects_tilings_it_cannot_run():
-    with pytest.raises(ValueError, match="num_warps a multiple of 4"):
-        check_prefill(LONG_F16, True, dict(WG, num_warps=2, block_n=16))
-    with pytest.raises(ValueError, match="needs m_tiles=1"):
-        check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
-                                           kernel_options=dict(wgmma=True, m_tiles=2)))
-    with pytest.raises(ValueError, match="'producer'. needs kernel_options.'wgmma'"):
-        check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
-                                           kernel_options=dict(producer=True)))
-    with pytest.raises(ValueError, match="num_warps 4 or 8"):
-        check_prefill(LONG_F16, True, dict(WS, num_warps=12, block_n=16))
-    with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
-        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
-                                                                       stages=2)))
-    with pytest.raises(ValueError, match="apply to the producer kernel"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
-    with pytest.raises(ValueError, match="apply to the producer kernel"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, pingpong=True)))
-    with pytest.raises(ValueError, match="pingpong needs two consumer warpgroups"):
-        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
-                                                                       pingpong=True)))
-    with pytest.raises(ValueError, match="pingpong needs .* at most 4 stages"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
-            WS["kernel_options"], pingpong=True, stages=5)))
-    with pytest.raises(ValueError, match="persistent=True needs pingpong=True"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
-            WS["kernel_options"], persistent=True)))
-    with pytest.raises(ValueError,
-                       match=r"kernel_options\['persistent'\] must be a positive integer"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
-            WS["kernel_options"], pingpong=True, persistent=0)))
-    with pytest.raises(ValueError, match="apply to the producer kernel"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
-                                                                       persistent=2)))
-    with pytest.raises(ValueError, match="producer_registers=40, split_halves=False, mbarriers=False without producer=True"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
-                                                                       producer_registers=40)))
-    with pytest.raises(ValueError, match="split_halves=True needs swizzle=True"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
-                                                                       split_halves=True)))
-    with pytest.raises(ValueError, match="split_halves=True, mbarriers=False without producer=True"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
-                                                                       split_halves=True)))
-    with pytest.raises(ValueError, match="mbarriers=True needs pingpong=True"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
-                                                                       mbarriers=True)))
-    with pytest.raises(ValueError, match="mbarriers=True without producer=True"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
-                                                                       mbarriers=True)))
-    with pytest.raises(ValueError, match="producer_registers needs two consumer warpgroups"):
-        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
-                                                                       producer_registers=40)))
-    with pytest.raises(ValueError, match="multiple of 8 from 24 to 160, but got 44"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
-                                                                       producer_registers=44)))
-    with pytest.raises(ValueError, match=r"wgmma takes none of q_in_regs \(but with producer\)"):
-        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
-                                                                       q_in_regs=True)))
-    with pytest.raises(ValueError, match="head size 128 at most, but got head_size=256"):
-        check_prefill(WS_D256, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
-                                                                      q_in_regs=True)))
-    with pytest.raises(ValueError, match=r"kernel_options\['producer_registers'\] must be at most 160, but got 168"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(WS["kernel_options"],
-                                                                       producer_registers=168)))
 
 
 @pytest.mark.parametrize("p, parts, extra", [
