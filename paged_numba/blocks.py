@@ -165,7 +165,17 @@ class HostPool(np.ndarray):
     whose blocks have the same size but another element order (an "nhd"
     pool swapped into an "hnd" cache, 16 tokens of 8 heads into 8 tokens of
     16). Views and slices keep it; a plain NumPy array of the right shape
-    and dtype is taken as it is."""
+    and dtype is taken as it is.
+
+    >>> from paged_numba import PagedKVCache, HostPool, host_pool, swap_blocks
+    >>> pool = host_pool(PagedKVCache(4, 16, 2, 8, layout="hnd"), 2)
+    >>> isinstance(pool, HostPool), pool.geometry, pool[1:].geometry == pool.geometry
+    (True, ('hnd', 16, 2, 8), True)
+    >>> swap_blocks(pool, PagedKVCache(4, 16, 2, 8), [(0, 1)])     # an "nhd" cache
+    Traceback (most recent call last):
+        ...
+    ValueError: src was made for a cache of (layout, block_size, num_kv_heads, head_size) = ('hnd', 16, 2, 8), but this cache has ('nhd', 16, 2, 8): its blocks' elements are in another order.
+    """
 
     geometry = None
 
