@@ -14,7 +14,8 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "pp": ("pingpong", True), "ps": ("persistent", True), "lz": ("lazy_rescale", True),
            "pq": ("prefetch_queries", True), "pr": ("prefetch_ranges", True),
            "sh": ("split_halves", True), "mb": ("mbarriers", True),
-           "tm": ("tensor_maps", True), "ll": ("lean_loop", True)}
+           "tm": ("tensor_maps", True), "ll": ("lean_loop", True),
+           "sr": ("split_rings", True)}
 
 
 def parse_variant(name):

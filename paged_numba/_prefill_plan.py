@@ -124,7 +124,8 @@ _OPTION_CHECKS = {
     "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
     "lazy_rescale": C.flag, "prefetch_queries": C.flag, "prefetch_ranges": C.flag,
     "split_halves": C.flag, "mbarriers": C.flag, "tensor_maps": C.flag, "lean_loop": C.flag,
-    "stages": lambda name, v: None if v is None else C.integer(name, v, lo=3, hi=7),
+    "split_rings": C.flag,
+    "stages": lambda name, v: None if v is None else C.integer(name, v, lo=2, hi=7),
     "max_registers": lambda name, v: None if v is None else C.integer(name, v, lo=1, hi=255),
     "producer_registers": lambda name, v: None if v is None else C.integer(name, v, lo=24, hi=160),
     # True (one block a multiprocessor) or a number of blocks

@@ -62,7 +62,7 @@ class PrefillPlan:
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
         ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
-        ``mbarriers``, ``tensor_maps``, ``lean_loop``), for
+        ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -96,7 +96,11 @@ class PrefillPlan:
         thread issuing a box copy a page (the plan makes the pools' tensor
         maps once); ``lean_loop=True`` (with ``producer``) runs the
         consumers' key loop with 32-bit counters and each tile's mask decided
-        before its scores land (the same results, fewer instructions).
+        before its scores land (the same results, fewer instructions);
+        ``split_rings=True`` (with ``lean_loop``, not fp8, ``mbarriers`` or
+        ``tensor_maps``) gives keys and values rings of their own, ``stages``
+        each (2 with ``pingpong``; shared memory as a joint ring of
+        ``stages``), so that a tile of twice the keys fits at head size 256.
     num_parts : int, optional
         Split-K on tensor cores: each tile's keys in ``num_parts`` parts run
         by separate thread blocks, their states merged by

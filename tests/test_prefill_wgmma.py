@@ -104,6 +104,26 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     check_prefill(p, causal, tiling, **extra)
 
 
+SPLIT = dict(WS["kernel_options"], swizzle=True, lean_loop=True, split_rings=True, stages=2)
+
+
+@pytest.mark.parametrize("p, causal, tiling", [
+    (WS_LONG, True, dict(WS_TWO, kernel_options=dict(SPLIT, pingpong=True, persistent=1))),
+    (WS_HEADS, False, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        SPLIT, pingpong=True, persistent=3))),
+    (WS_D256, True, dict(WS_ONE, kernel_options=dict(SPLIT, stages=3)))],
+    ids=["persistent-one-block", "persistent-serpentine-noncausal", "head-256-three-stages"])
+def test_tc_prefill_split_rings(p, causal, tiling):
+    """The producer kernel with a K ring and a V ring (``split_rings``,
+    lean loop, swizzled) within the tensor-core bound: one persistent block
+    whose 7 tiles of 16 keys go round two 2-stage rings almost four times
+    (turns: each warpgroup acquires K_j and V_{j-1}, releases K_j once S_j
+    has landed); three blocks across eight items of two KV heads, the rings
+    running on from item to item; one warpgroup at head size 256, bf16, 3
+    stages a ring, no turns."""
+    check_prefill(p, causal, tiling)
+
+
 @pytest.mark.parametrize("p, causal, tiling", [
     (WG_LONG, True, dict(WG_TWO, kernel_options=dict(wgmma=True, swizzle=True))),
     (WS_LONG, True, dict(WS_ONE, kernel_options=dict(wgmma=True, producer=True, swizzle=True))),
@@ -203,9 +223,26 @@ def test_wgmma_rejects_tilings_it_cannot_run():
                                            kernel_options=dict(producer=True)))
     with pytest.raises(ValueError, match="num_warps 4 or 8"):
         check_prefill(LONG_F16, True, dict(WS, num_warps=12, block_n=16))
-    with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 3"):
+    with pytest.raises(ValueError, match=r"kernel_options\['stages'\] must be >= 2"):
+        check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
+                                                                       stages=1)))
+    with pytest.raises(ValueError, match="takes 3 to 7 stages, but got stages=2"):
         check_prefill(LONG_F16, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"],
                                                                        stages=2)))
+    with pytest.raises(ValueError, match="split_rings=True needs lean_loop=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], split_rings=True, stages=2)))
+    with pytest.raises(ValueError, match="split rings take 2 stages each with pingpong, 2 or 3 "
+                                         "without .* but got stages=3, pingpong=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(SPLIT, pingpong=True,
+                                                                       stages=3)))
+    with pytest.raises(ValueError, match="not an fp8 cache, mbarriers or tensor_maps"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(SPLIT, pingpong=True,
+                                                                       mbarriers=True)))
+    with pytest.raises(ValueError, match="split_rings=True, producer_registers=None, .* without "
+                                         "producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       split_rings=True)))
     with pytest.raises(ValueError, match="apply to the producer kernel"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, stages=3)))
     with pytest.raises(ValueError, match="apply to the producer kernel"):

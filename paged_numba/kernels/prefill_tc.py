@@ -67,7 +67,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       persistent=False, guard=True, lazy_rescale=False, timeline=False,
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
                       producer_registers=None, split_halves=False, mbarriers=False,
-                      tensor_maps=False, lean_loop=False):
+                      tensor_maps=False, lean_loop=False, split_rings=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -111,6 +111,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     ``swizzle=True`` (with ``wgmma``) the swizzled tile layout; ``stages``
     (with ``producer``) the K/V tiles in its ring; ``pingpong=True`` (with
     ``producer``) the consumer warpgroups taking turns at the tensor cores;
+    ``split_rings=True`` (with ``producer`` and ``lean_loop``) separate K
+    and V rings (:mod:`kernels.prefill_split_ring`);
     ``persistent=True`` (with ``producer``) thread blocks that each take
     several tiles in turn (grid ``(blocks, 1, num_parts)``, see
     :func:`kernels.prefill_wgmma_ws.prefill_wgmma_ws_kernel`). ``guard=False``
@@ -169,18 +171,19 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            producer_registers=producer_registers,
                                            split_halves=split_halves, mbarriers=mbarriers,
                                            tensor_maps=tensor_maps, lean_loop=lean_loop,
-                                           q_in_regs=bool(q_in_regs))
+                                           q_in_regs=bool(q_in_regs), split_rings=split_rings)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
-                or mbarriers or lean_loop):
+                or mbarriers or lean_loop or split_rings):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"prefetch_ranges, lean_loop, producer_registers, split_halves "
-                             f"and mbarriers "
+                             f"prefetch_ranges, lean_loop, split_rings, producer_registers, "
+                             f"split_halves and mbarriers "
                              f"apply to the producer kernel, but got stages={stages}, "
                              f"pingpong={pingpong}, "
                              f"persistent={persistent}, timeline={timeline}, "
                              f"prefetch_queries={prefetch_queries}, "
                              f"prefetch_ranges={prefetch_ranges}, lean_loop={lean_loop}, "
+                             f"split_rings={split_rings}, "
                              f"producer_registers={producer_registers}, "
                              f"split_halves={split_halves}, mbarriers={mbarriers} without "
                              f"producer=True")
@@ -190,11 +193,11 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                     guard=guard, lazy_rescale=lazy_rescale)
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
             or timeline or prefetch_queries or prefetch_ranges or producer_registers is not None
-            or split_halves or mbarriers or lean_loop):
+            or split_halves or mbarriers or lean_loop or split_rings):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
-                         "prefetch_ranges=True, lean_loop=True, producer_registers, "
-                         "split_halves and mbarriers need wgmma=True")
+                         "prefetch_ranges=True, lean_loop=True, split_rings=True, "
+                         "producer_registers, split_halves and mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    m_tiles, split_k, False, fast_exp2, token_copies, q_in_regs, guard=guard)
     D, HPB, MT, NCH, SWZ, KSTEPS, QREGS = P.D, P.HPB, P.MT, P.NCH, P.SWZ, P.KSTEPS, P.QREGS

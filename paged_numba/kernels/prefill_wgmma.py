@@ -58,7 +58,7 @@ def wgmma_shared_bytes(head_size, num_warps, block_n):
     return 2 * head_size * (16 * num_warps + STAGES * 2 * block_n)
 
 
-def product_parts(P, q_regs=False):
+def product_parts(P, q_regs=False, split_rings=False):
     """The products and softmax steps of a warpgroup's loop, for the tile of
     :func:`kernels.prefill_tc_parts.tile_parts` ``P``: ``issue_s``,
     ``issue_pv``, ``tile_weights``, ``pack_p`` and the fences and waits.
@@ -67,7 +67,11 @@ def product_parts(P, q_regs=False):
     A words ``qa [D / 16, 4]`` (``load_q_words`` reads them from the warp's
     query rows), so that shared memory serves only the K tile in ``S = Q
     K^T``; otherwise ``issue_s(s, qs, kvs, stage)`` reads them from shared
-    memory at start ``qs``."""
+    memory at start ``qs``.
+
+    ``split_rings``: ``issue_s`` takes a stage of the K ring and ``issue_pv``
+    one of the V ring (:mod:`kernels.prefill_split_ring`), not a stage of
+    the joint ring."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
     pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
     logits_masked = P.logits_masked
@@ -95,6 +99,9 @@ def product_parts(P, q_regs=False):
 
     # operand starts move in 16-byte units (8 elements): a stage of K and V tiles
     STAGE_UNITS, V_UNITS = 2 * BN * D // 8, BN * D // 8
+    # (split_rings: K stage s at s V_UNITS, V stage s after the K ring's P.STAGES)
+    K_STEP, V_STEP, V_AT = ((V_UNITS, V_UNITS, P.STAGES * V_UNITS) if split_rings else
+                            (STAGE_UNITS, STAGE_UNITS, V_UNITS))
     # 16 keys of V on: two row groups
     PV_UNITS = SPAN if SPLIT_KV else 2 * D
 
@@ -132,7 +139,7 @@ def product_parts(P, q_regs=False):
         def issue_s(s, qa, kvs, stage):
             """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one
             group), the queries from this warp's A words ``qa``."""
-            ks = kvs + stage * STAGE_UNITS
+            ks = kvs + stage * K_STEP
             for kk in range(KSTEPS):
                 mma_s_rs(s, qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], ks + kb_units(kk), kk > 0)
             commit()
@@ -140,7 +147,7 @@ def product_parts(P, q_regs=False):
         @device_function
         def issue_s(s, qs, kvs, stage):
             """Issue ``S = Q K^T`` on the keys of ``stage`` (D / 16 products, one group)."""
-            ks = kvs + stage * STAGE_UNITS
+            ks = kvs + stage * K_STEP
             for kk in range(KSTEPS):
                 mma_s(s, qs + k_units(kk), ks + kb_units(kk), kk > 0)
             commit()
@@ -162,7 +169,7 @@ def product_parts(P, q_regs=False):
     @device_function
     def issue_pv(o, pa, kvs, stage):
         """Issue ``O += P V`` on the values of ``stage`` (BN / 16 products, one group)."""
-        vs = kvs + stage * STAGE_UNITS + V_UNITS
+        vs = kvs + stage * V_STEP + V_AT
         for ks in range(PV_STEPS):                 # keys 16 ks .. 16 ks + 15: 16 D bytes on
             mma_o(o, pa[ks, 0], pa[ks, 1], pa[ks, 2], pa[ks, 3], vs + ks * PV_UNITS, True)
         commit()

@@ -51,6 +51,7 @@ from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
 from .prefill_ring import ring_parts
+from .prefill_split_ring import HALF, row_copies, split_key_loop, split_ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
@@ -87,7 +88,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             lazy_rescale=False, timeline=False, prefetch_queries=False,
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
                             split_halves=False, mbarriers=False, tensor_maps=False,
-                            merge_parts=False, lean_loop=False, q_in_regs=False):
+                            merge_parts=False, lean_loop=False, q_in_regs=False,
+                            split_rings=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -178,23 +180,33 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     (``wgmma`` with A from registers, :func:`kernels.prefill_wgmma.product_parts`),
     so that shared memory serves only K there: at 64-key tiles the shared
     operands of ``S`` take 128 bytes a clock at the tensor cores' full rate,
-    all a multiprocessor's shared memory gives. Same products, same results."""
+    all a multiprocessor's shared memory gives. Same products, same results.
+
+    ``split_rings=True`` (with ``lean_loop``; not fp8, ``mbarriers`` or
+    ``tensor_maps``): a K ring and a V ring of ``stages`` stages each (2
+    with ``pingpong``) in the joint ring's memory, warps 0-1 of the producer
+    copying keys and warps 2-3 values (:mod:`kernels.prefill_split_ring`):
+    the loop never needs a tile's keys and values at once, so two stages a
+    ring keep the lookahead of a joint ring of three, and a tile of twice
+    the keys fits at head size 256."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
-                  split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs)
+                  split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
+                  lean_loop)
+    SPLIT_RINGS = bool(split_rings)
     FP8 = kv_dtype is not None
     STAGES = int(stages)
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, layout_kind, fast_exp2, False, False, STAGES,
-                   copy_threads=PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale,
+                   copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale,
                    lean=lean_loop)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
                          f"layout")
     Q_REGS = bool(q_in_regs)
-    W = product_parts(P, q_regs=Q_REGS)
+    W = product_parts(P, q_regs=Q_REGS, split_rings=SPLIT_RINGS)
     starts, load_q_words, KSTEPS = W.starts, W.load_q_words, P.KSTEPS
     D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
@@ -259,7 +271,19 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
-    run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn, lean=lean_loop)
+    if SPLIT_RINGS:
+        RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps)
+        run_keys = split_key_loop(P, W, RS)
+        turn_sync, turn_arrive, TURN = RS.turn_sync, RS.turn_arrive, RS.TURN
+        claim, publish_to = RS.claim, RS.publish
+        issue_keys, issue_values = row_copies(P)
+        V_RING = STAGES * BN * D          # elements from the K ring to the V ring
+        KV_RING = P.KV_OFF
+    else:
+        run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn,
+                            lean=lean_loop)
+        claim = publish_to = issue_keys = issue_values = None
+        V_RING = KV_RING = 0
 
     @device_function
     def mark(errors, rnd, role, k, tid):
@@ -301,6 +325,64 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     tma.mbarrier_init(bars, MBAR_AT + st, PRODUCER_THREADS)
                 tma.mbarrier_init_fence()
             cuda.syncthreads()
+
+        if SPLIT_RINGS:
+            if tid < PRODUCER_THREADS:
+                if MOVE_REGS:
+                    shrink()
+                ring = int32(tid // HALF)       # warps 0-1 copy the keys, 2-3 the values
+                htid = int32(tid % HALF)
+                tid_slot = kv_slot(0, row_of(htid), chunk_of(htid))
+                done = int32(0)
+                nx = cuda.local.array(2, int32)
+                mrows = cuda.local.array(4, int32)
+                for rnd in range(num_rounds):
+                    tile, h0, real = work_item(rnd, items, num_heads)
+                    if real:
+                        mark(errors, rnd, 0, 0, tid)
+                        kvh = h0 // group
+                        kstr = k_strides(key_cache, kvh, chunk_of(htid))
+                        vstr = v_strides(value_cache, kvh, chunk_of(htid))
+                        seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
+                            rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
+                            window, tables)
+                        next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
+                        if MERGE:
+                            mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
+                        last = int32(kv_hi - 1)
+                        mark(errors, rnd, 0, 1, tid)
+                        for j in range(ntiles):
+                            g = done + j
+                            kt = int32(kv_first + j * BN)
+                            entries = tile_entries(tables, seq, kt, kv_lo, last, htid,
+                                                   key_cache.shape[0])
+                            if g >= STAGES:     # the consumers are done with tile g - STAGES
+                                claim(ring, g)
+                            base = KV_RING + ring * V_RING + (g % STAGES) * (BN * D)
+                            if ring == 0:
+                                issue_keys(sm, key_cache, tables, seq, kvh, kt, kv_lo, last,
+                                           base, htid, kstr, tid_slot, entries)
+                            else:
+                                issue_values(sm, value_cache, tables, seq, kvh, kt, kv_lo, last,
+                                             base, htid, vstr, tid_slot, entries)
+                            if g >= 1:
+                                wait_older()
+                                publish_to(ring, g - 1)
+                            if j == 0:
+                                mark(errors, rnd, 0, 2, tid)
+                        next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, tid & 31)
+                        mark(errors, rnd, 0, 3, tid)
+                        done += ntiles
+                if done > 0:
+                    wait_all()
+                    publish_to(ring, done - 1)
+                if PERSISTENT:              # the releases of the last tiles
+                    for g in range(max(done - STAGES, 0), done):
+                        claim(ring, g)
+                if MERGE:
+                    merge_tail(out, lse, merged[0], merged[1], merged[2], words, fwords, tid,
+                               mrows[0], mrows[1], mrows[2], mrows[3])
+                return
 
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:

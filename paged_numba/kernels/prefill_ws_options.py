@@ -33,7 +33,8 @@ def register_split(producer_registers):
 
 def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
-                  split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs=False):
+                  split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs=False,
+                  split_rings=False, lean_loop=False):
     """Raise ``ValueError`` naming the option for a combination the producer
     kernel does not take (its factory's arguments, as given there)."""
     if not supports(head_size, dtype, layout):
@@ -49,10 +50,19 @@ def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle
         raise ValueError(f"the producer kernel needs num_warps 4 or 8 (consumer warpgroups) and "
                          f"block_n a multiple of 16 up to 256, but got num_warps={num_warps}, "
                          f"block_n={block_n}")
+    if split_rings and (not lean_loop or kv_dtype is not None or mbarriers or tensor_maps):
+        raise ValueError(f"split_rings=True needs lean_loop=True and not an fp8 cache, "
+                         f"mbarriers or tensor_maps, but got lean_loop={lean_loop}, "
+                         f"kv_dtype={kv_dtype!r}, mbarriers={mbarriers}, "
+                         f"tensor_maps={tensor_maps}")
     # 3 at least: the producer publishes tile j - 1 only after claiming the stage of
-    # tile j, which the consumers free after tile j - 1 with 2 stages (a deadlock);
+    # tile j, which the consumers free after tile j - 1 with 2 stages (a deadlock;
+    # not so for split rings, whose K stage is free once S_j has landed);
     # 7 at most: two named barriers a stage, 15 besides __syncthreads'
-    if not 3 <= stages <= 7:
+    if split_rings and not (2 <= stages <= (2 if pingpong else 3)):
+        raise ValueError(f"split rings take 2 stages each with pingpong, 2 or 3 without (their "
+                         f"named barriers), but got stages={stages}, pingpong={pingpong}")
+    if not split_rings and not 3 <= stages <= 7:
         raise ValueError(f"the producer kernel takes 3 to 7 stages, but got stages={stages}")
     if pingpong and (num_warps != 8 or stages > 4):
         raise ValueError(f"pingpong needs two consumer warpgroups (num_warps=8) and at most 4 "
