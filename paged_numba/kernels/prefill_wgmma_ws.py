@@ -51,7 +51,7 @@ from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
 from .prefill_ring import ring_parts
-from .prefill_split_ring import HALF, row_copies, split_key_loop, split_ring_parts
+from .prefill_split_ring import HALF, split_key_loop, split_producer, split_ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
@@ -275,15 +275,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps)
         run_keys = split_key_loop(P, W, RS)
         turn_sync, turn_arrive, TURN = RS.turn_sync, RS.turn_arrive, RS.TURN
-        claim, publish_to = RS.claim, RS.publish
-        issue_keys, issue_values = row_copies(P)
-        V_RING = STAGES * BN * D          # elements from the K ring to the V ring
-        KV_RING = P.KV_OFF
     else:
         run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn,
                             lean=lean_loop)
-        claim = publish_to = issue_keys = issue_values = None
-        V_RING = KV_RING = 0
 
     @device_function
     def mark(errors, rnd, role, k, tid):
@@ -292,6 +286,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         if TIMELINE and tid % 128 == 0 and rnd < ROUNDS:
             errors[WORDS + ((cuda.blockIdx.x * ROUNDS + rnd) * ROLES + role) * STAMPS + k] = \
                 globaltimer()
+
+    produce_split = (split_producer(P, I, RS, mark, MERGE) if SPLIT_RINGS else None)
 
     jit = cuda.jit if config.ENABLE_CUDASIM else functools.partial(
         cuda.jit, launch_bounds=(NTHREADS, 1))
@@ -330,55 +326,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             if tid < PRODUCER_THREADS:
                 if MOVE_REGS:
                     shrink()
-                ring = int32(tid // HALF)       # warps 0-1 copy the keys, 2-3 the values
-                htid = int32(tid % HALF)
-                tid_slot = kv_slot(0, row_of(htid), chunk_of(htid))
-                done = int32(0)
-                nx = cuda.local.array(2, int32)
-                mrows = cuda.local.array(4, int32)
-                for rnd in range(num_rounds):
-                    tile, h0, real = work_item(rnd, items, num_heads)
-                    if real:
-                        mark(errors, rnd, 0, 0, tid)
-                        kvh = h0 // group
-                        kstr = k_strides(key_cache, kvh, chunk_of(htid))
-                        vstr = v_strides(value_cache, kvh, chunk_of(htid))
-                        seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
-                            rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
-                            window, tables)
-                        next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
-                        if MERGE:
-                            mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
-                        last = int32(kv_hi - 1)
-                        mark(errors, rnd, 0, 1, tid)
-                        for j in range(ntiles):
-                            g = done + j
-                            kt = int32(kv_first + j * BN)
-                            entries = tile_entries(tables, seq, kt, kv_lo, last, htid,
-                                                   key_cache.shape[0])
-                            if g >= STAGES:     # the consumers are done with tile g - STAGES
-                                claim(ring, g)
-                            base = KV_RING + ring * V_RING + (g % STAGES) * (BN * D)
-                            if ring == 0:
-                                issue_keys(sm, key_cache, tables, seq, kvh, kt, kv_lo, last,
-                                           base, htid, kstr, tid_slot, entries)
-                            else:
-                                issue_values(sm, value_cache, tables, seq, kvh, kt, kv_lo, last,
-                                             base, htid, vstr, tid_slot, entries)
-                            if g >= 1:
-                                wait_older()
-                                publish_to(ring, g - 1)
-                            if j == 0:
-                                mark(errors, rnd, 0, 2, tid)
-                        next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, tid & 31)
-                        mark(errors, rnd, 0, 3, tid)
-                        done += ntiles
-                if done > 0:
-                    wait_all()
-                    publish_to(ring, done - 1)
-                if PERSISTENT:              # the releases of the last tiles
-                    for g in range(max(done - STAGES, 0), done):
-                        claim(ring, g)
+                mrows = cuda.local.array(4, int32)  # (MERGE) the last item's row0, q0, nq, h0
+                produce_split(sm, key_cache, value_cache, tables, cu_seqlens_q, seq_lens,
+                              tile_seq, tile_q0, causal, window, errors, num_rounds, items,
+                              num_heads, group, tid, mrows)
                 if MERGE:
                     merge_tail(out, lse, merged[0], merged[1], merged[2], words, fwords, tid,
                                mrows[0], mrows[1], mrows[2], mrows[3])
