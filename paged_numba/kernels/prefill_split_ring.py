@@ -25,12 +25,12 @@ the same bytes as the joint ring of ``stages`` stages.
 """
 from types import SimpleNamespace
 
-from numba import cuda, float32, int32, int64, uint32
+from numba import cuda, int32
 
 from . import wgmma as wg
 from .access import device_function, wide
 from .async_copy import commit_group, copy16_async, wait_group
-from .prefill_tc_parts import FULL_MASK, cuda_function
+from .prefill_tc_parts import cuda_function
 
 HALF = 64                       # producer threads a ring (two warps)
 
@@ -151,87 +151,6 @@ def row_copies(P):
         return issue
 
     return issuer(P.k_flat), issuer(P.v_flat)
-
-
-def split_key_loop(P, W, R):
-    """The lean key loop of :func:`kernels.prefill_wgmma.key_loop` on split
-    rings ``R`` (:func:`split_ring_parts`): iteration ``j`` acquires ``K_j``
-    and ``V_{j-1}``, releases ``K_j`` as soon as ``S_j`` has landed and
-    ``V_{j-1}`` once ``P_{j-1} V_{j-1}`` has. ``W``'s ``issue_s`` and
-    ``issue_pv`` take a stage of their own ring (``product_parts(P,
-    split_rings=True)``). Same arguments, same arithmetic."""
-    BN, rescale_half, mask_limits = P.BN, P.rescale_half, P.mask_limits
-    S = R.STAGES
-    pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
-        W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
-    fence, issue_s, issue_pv, pack_p = W.fence, W.issue_s, W.issue_pv, W.pack_p
-    tile_weights_masked = W.tile_weights_masked
-    acquire, release, take_turn, pass_turn = R.acquire, R.release, R.take_turn, R.pass_turn
-
-    @cuda_function
-    def run(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-            ntiles, j0, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
-        g = uint32(j0)                  # the ring's count of tile j (32-bit, as in run_lean)
-        cur = int64(g % S)              # tile j's stage in either ring (64-bit: see run_lean)
-        kt = int32(kv_first)
-        mlo, mhi = mask_limits(pos0, nq, kv_hi, causal, window)
-        if ntiles > 0:
-            acquire(0, g, a)
-            pin_s(s)
-            take_turn(a)
-            fence()
-            issue_s(s, qs, kvs, cur)
-            pass_turn(False, a)
-            masked = (kt <= mlo) | (kt > mhi)
-            wait_s_alone(s)
-            release(0, g, ntiles, a)    # K_0 read
-            tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
-                                qscale, soft_cap, cap2, alibi, sc, plain, masked)
-            pack_p(pa, s)
-        for _ in range(int32(1), ntiles):
-            prev = cur
-            cur = cur + 1 if cur < S - 1 else int64(0)
-            g = uint32(g + 1)
-            kt = int32(kt + BN)
-            acquire(0, g, a)
-            acquire(1, uint32(g - 1), a)
-            pin_s(s)
-            take_turn(a)
-            fence()
-            issue_s(s, qs, kvs, cur)
-            rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
-            rescale_half(o, alpha, 0, 1)
-            pin_p(pa)
-            pin_o(o)
-            fence()
-            issue_pv(o, pa, kvs, prev)
-            pass_turn(False, a)
-            masked = (kt <= mlo) | (kt > mhi)
-            wait_s(s)                   # S_j landed; P V may still run
-            release(0, g, ntiles, a)    # K_j read: the producer may refill its stage
-            tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
-                                qscale, soft_cap, cap2, alibi, sc, plain, masked)
-            # the wait for P V after the softmax, as in run_lean
-            if cuda.any_sync(FULL_MASK, not (l_[0, 0] + l_[0, 1] < float32(0.0))):
-                wait_o(o)
-            else:
-                wait_o_twin(o)
-            release(1, uint32(g - 1), ntiles, a)
-            pack_p(pa, s)
-        if ntiles > 0:
-            acquire(1, g, a)
-            rescale_half(o, alpha, 0, 0)
-            rescale_half(o, alpha, 0, 1)
-            pin_p(pa)
-            pin_o(o)
-            take_turn(a)
-            fence()
-            issue_pv(o, pa, kvs, cur)
-            pass_turn(True, a)
-            wait_o(o)
-            release(1, g, ntiles, a)    # the last tile: j0 + ntiles - 1
-
-    return run
 
 
 def split_producer(P, I, R, mark, merge):

@@ -217,7 +217,7 @@ def _no_pass(last, a):
 
 
 def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_pass,
-             lean=False):
+             lean=False, split=None):
     """The software-pipelined loop over a tile's key tiles, shared by both
     warpgroup kernels: prologue ``S_0``; steady state ``j``: ``S_j`` with
     ``P_{j-1} V_{j-1}`` in flight; epilogue ``P_{n-1} V_{n-1}`` (no branch
@@ -229,8 +229,48 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     tiles are counted from ``j0`` (the ring's count of the block's earlier
     tiles: stage ``(j0 + j) % stages``) and the last one is released too.
     ``lean`` (with ``P`` from ``tile_parts(lean=True)``): the same loop with
-    32-bit counters and each tile's mask decided before its scores land."""
+    32-bit counters and each tile's mask decided before its scores land.
+
+    ``split`` (lean only): the barriers of separate K and V rings
+    (:func:`kernels.prefill_split_ring.split_ring_parts`, which then give
+    the turns too; ``acquire`` and ``release`` are unused): iteration ``j``
+    acquires ``K_j`` and ``V_{j-1}``, releases ``K_j`` as soon as ``S_j``
+    has landed and ``V_{j-1}`` once ``P_{j-1} V_{j-1}`` has; ``W`` from
+    ``product_parts(P, split_rings=True)``."""
     BN, rescale_half = P.BN, P.rescale_half
+    SPLIT = split is not None
+    if SPLIT:
+        take_turn, pass_turn = split.take_turn, split.pass_turn
+        ring_acquire, ring_release = split.acquire, split.release
+    else:
+        ring_acquire = ring_release = None
+
+    # what a lean iteration waits for and hands back: a joint stage is acquired
+    # with its keys and released with its values; split rings do each on its own
+    @device_function
+    def keys_in(g, ntiles, a):
+        if SPLIT:
+            ring_acquire(0, g, a)
+        else:
+            acquire(g, ntiles, a)
+
+    @device_function
+    def values_in(g, ntiles, a):
+        if SPLIT:
+            ring_acquire(1, g, a)
+
+    @device_function
+    def keys_read(g, ntiles, a):
+        if SPLIT:
+            ring_release(0, g, ntiles, a)
+
+    @device_function
+    def values_read(g, ntiles, a):
+        if SPLIT:
+            ring_release(1, g, ntiles, a)
+        else:
+            release(g, ntiles, a)
+
     pin_s, wait_s, wait_s_alone, pin_o, wait_o, wait_o_twin, pin_p = (
         W.pin_s, W.wait_s, W.wait_s_alone, W.pin_o, W.wait_o, W.wait_o_twin, W.pin_p)
     fence, issue_s, issue_pv, tile_weights, pack_p = (
@@ -312,7 +352,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
         # before the wait for its scores (the branch after it waits for nothing)
         mlo, mhi = mask_limits(pos0, nq, kv_hi, causal, window)
         if ntiles > 0:
-            acquire(g, ntiles, a)
+            keys_in(g, ntiles, a)
             pin_s(s)
             take_turn(a)
             fence()
@@ -320,6 +360,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             pass_turn(False, a)
             masked = (kt <= mlo) | (kt > mhi)
             wait_s_alone(s)
+            keys_read(g, ntiles, a)
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
             pack_p(pa, s)
@@ -328,7 +369,8 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             cur = cur + 1 if cur < stages - 1 else int64(0)
             g = uint32(g + 1)
             kt = int32(kt + BN)
-            acquire(g, ntiles, a)
+            keys_in(g, ntiles, a)
+            values_in(uint32(g - 1), ntiles, a)
             pin_s(s)
             take_turn(a)
             fence()
@@ -342,6 +384,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             pass_turn(False, a)
             masked = (kt <= mlo) | (kt > mhi)
             wait_s(s)                   # S_j landed; P V may still run
+            keys_read(g, ntiles, a)     # (split rings: K_j's stage may be refilled)
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
             # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
@@ -352,9 +395,10 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
                 wait_o(o)
             else:
                 wait_o_twin(o)
-            release(uint32(g - 1), ntiles, a)
+            values_read(uint32(g - 1), ntiles, a)
             pack_p(pa, s)
         if ntiles > 0:
+            values_in(g, ntiles, a)
             rescale_half(o, alpha, 0, 0)
             rescale_half(o, alpha, 0, 1)
             pin_p(pa)
@@ -364,8 +408,10 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             issue_pv(o, pa, kvs, cur)
             pass_turn(True, a)
             wait_o(o)
-            release(g, ntiles, a)       # the last tile: j0 + ntiles - 1
+            values_read(g, ntiles, a)   # the last tile: j0 + ntiles - 1
 
+    if SPLIT and not lean:
+        raise ValueError("split rings run the lean key loop only")
     return run_lean if lean else run
 
 

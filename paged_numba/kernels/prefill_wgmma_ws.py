@@ -51,7 +51,7 @@ from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
 from .prefill_ring import ring_parts
-from .prefill_split_ring import HALF, split_key_loop, split_producer, split_ring_parts
+from .prefill_split_ring import HALF, split_producer, split_ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
@@ -271,13 +271,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
+    RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps) if SPLIT_RINGS else None
     if SPLIT_RINGS:
-        RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps)
-        run_keys = split_key_loop(P, W, RS)
         turn_sync, turn_arrive, TURN = RS.turn_sync, RS.turn_arrive, RS.TURN
-    else:
-        run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn,
-                            lean=lean_loop)
+    run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn, lean=lean_loop,
+                        split=RS)
 
     @device_function
     def mark(errors, rnd, role, k, tid):
