@@ -35,7 +35,8 @@ def write_rows(path, fields, rows, digits=3, keep_runs=False):
         with open(path, newline="") as fh:
             kept = [r for r in csv.DictReader(fh) if r.get("run_id") not in ours]
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore", restval="")
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore", restval="",
+                           lineterminator="\n")
         w.writeheader()
         w.writerows(kept)
         for r in rows:
