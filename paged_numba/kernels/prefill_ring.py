@@ -18,6 +18,31 @@ from . import tma, wgmma as wg
 from .access import device_function
 
 
+def turn_parts(turn, pingpong, persistent):
+    """``(take_turn, pass_turn, turn_sync, turn_arrive)``: the pingpong turns
+    of two consumer warpgroups (256 threads) on named barriers ``turn`` (the
+    one warpgroup 0 waits at) and ``turn + 1``; ``a[0]`` is the caller's
+    warpgroup. Without ``pingpong`` the turns are no-ops."""
+    TURN, PINGPONG, PERSISTENT = int(turn), bool(pingpong), bool(persistent)
+    turn_sync, turn_arrive = wg.bar_sync(256), wg.bar_arrive(256)
+
+    @device_function
+    def take_turn(a):
+        """Wait until the other warpgroup has issued its products."""
+        if PINGPONG:
+            turn_sync(TURN + a[0])
+
+    @device_function
+    def pass_turn(last, a):
+        """This warpgroup's products are issued: the other's turn (warpgroup 1's
+        last products have no turn after them: every wait is matched; in a
+        persistent block they do, and warpgroup 0 takes it at the end)."""
+        if PINGPONG and (PERSISTENT or not (last and a[0] == 1)):
+            turn_arrive(TURN + 1 - a[0])
+
+    return take_turn, pass_turn, turn_sync, turn_arrive
+
+
 def ring_parts(stages, pingpong, persistent, mbarriers, mbar_at, threads):
     """The ring's barrier operations for a block of ``threads`` threads (the
     producer warpgroup's 128 and the consumers'), the stages' mbarriers at
@@ -41,7 +66,7 @@ def ring_parts(stages, pingpong, persistent, mbarriers, mbar_at, threads):
     TURN = EMPTY + STAGES
     FULL_COUNT = 256 if PINGPONG else threads     # the producer and who waits
     full_sync, full_arrive = wg.bar_sync(FULL_COUNT), wg.bar_arrive(FULL_COUNT)
-    turn_sync, turn_arrive = wg.bar_sync(256), wg.bar_arrive(256)
+    take_turn, pass_turn, turn_sync, turn_arrive = turn_parts(TURN, PINGPONG, PERSISTENT)
 
     @device_function
     def acquire(j, ntiles, a):
@@ -65,20 +90,6 @@ def ring_parts(stages, pingpong, persistent, mbarriers, mbar_at, threads):
         the end)."""
         if PERSISTENT or j + STAGES < ntiles:
             bar_arrive(EMPTY + j % STAGES)
-
-    @device_function
-    def take_turn(a):
-        """Wait until the other warpgroup has issued its products."""
-        if PINGPONG:
-            turn_sync(TURN + a[0])
-
-    @device_function
-    def pass_turn(last, a):
-        """This warpgroup's products are issued: the other's turn (warpgroup 1's
-        last products have no turn after them: every wait is matched; in a
-        persistent block they do, and warpgroup 0 takes it at the end)."""
-        if PINGPONG and (PERSISTENT or not (last and a[0] == 1)):
-            turn_arrive(TURN + 1 - a[0])
 
     @device_function
     def publish(j):

@@ -30,6 +30,7 @@ from numba import cuda, int32
 from . import wgmma as wg
 from .access import device_function, wide
 from .async_copy import commit_group, copy16_async, wait_group
+from .prefill_ring import turn_parts
 from .prefill_tc_parts import cuda_function
 
 HALF = 64                       # producer threads a ring (two warps)
@@ -48,7 +49,7 @@ def split_ring_parts(stages, pingpong, persistent, consumers):
     * ``claim(ring, g)``: the producer waits until tile ``g``'s stage is free;
     * ``publish(ring, g)``: the producer's copies of tile ``g`` landed;
     * ``take_turn(a)``, ``pass_turn(last, a)``, ``turn_sync``, ``turn_arrive``
-      and ``TURN``: the pingpong turns, as in :mod:`kernels.prefill_ring`.
+      and ``TURN``: the pingpong turns (:func:`kernels.prefill_ring.turn_parts`).
 
     Named barrier ids: 0 is ``__syncthreads``, then the K ring's full ones,
     the V ring's, the two rings' empty ones and the turns: 15 with two stages
@@ -66,7 +67,7 @@ def split_ring_parts(stages, pingpong, persistent, consumers):
     full_count = HALF + (128 if PINGPONG else consumers)
     full_sync, full_arrive = wg.bar_sync(full_count), wg.bar_arrive(full_count)
     empty_sync, empty_arrive = wg.bar_sync(HALF + consumers), wg.bar_arrive(HALF + consumers)
-    turn_sync, turn_arrive = wg.bar_sync(256), wg.bar_arrive(256)
+    take_turn, pass_turn, turn_sync, turn_arrive = turn_parts(TURN, PINGPONG, PERSISTENT)
 
     @device_function
     def acquire(ring, g, a):
@@ -94,19 +95,6 @@ def split_ring_parts(stages, pingpong, persistent, consumers):
         full_arrive(FULL + ring * (SETS * S) + g % S)
         if PINGPONG:
             full_arrive(FULL + ring * (SETS * S) + S + g % S)
-
-    @device_function
-    def take_turn(a):
-        """Wait until the other warpgroup has issued its products."""
-        if PINGPONG:
-            turn_sync(TURN + a[0])
-
-    @device_function
-    def pass_turn(last, a):
-        """This warpgroup's products are issued: the other's turn (as in
-        :func:`kernels.prefill_ring.ring_parts`)."""
-        if PINGPONG and (PERSISTENT or not (last and a[0] == 1)):
-            turn_arrive(TURN + 1 - a[0])
 
     return SimpleNamespace(acquire=acquire, release=release, claim=claim, publish=publish,
                            take_turn=take_turn, pass_turn=pass_turn, turn_sync=turn_sync,
