@@ -199,8 +199,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                    1, split_k, layout_kind, fast_exp2, False, False, STAGES,
-                   copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard, lazy_rescale=lazy_rescale,
-                   lean=lean_loop)
+                   copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard,
+                   lazy_rescale=lazy_rescale, lean=lean_loop)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
