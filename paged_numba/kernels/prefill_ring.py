@@ -103,4 +103,4 @@ def ring_parts(stages, pingpong, persistent, mbarriers, mbar_at, threads):
     return SimpleNamespace(acquire=acquire, release=release, take_turn=take_turn,
                            pass_turn=pass_turn, publish=publish, bar_sync=bar_sync,
                            bar_arrive=bar_arrive, turn_sync=turn_sync, turn_arrive=turn_arrive,
-                           EMPTY=EMPTY, TURN=TURN)
+                           EMPTY=EMPTY, TURN=TURN, PERSISTENT=PERSISTENT)

@@ -25,13 +25,12 @@ the same bytes as the joint ring of ``stages`` stages.
 """
 from types import SimpleNamespace
 
-from numba import cuda, int32
+from numba import int32
 
 from . import wgmma as wg
 from .access import device_function, wide
-from .async_copy import commit_group, copy16_async, wait_group
+from .async_copy import commit_group, copy16_async
 from .prefill_ring import turn_parts
-from .prefill_tc_parts import cuda_function
 
 HALF = 64                       # producer threads a ring (two warps)
 
@@ -139,81 +138,3 @@ def row_copies(P):
         return issue
 
     return issuer(P.k_flat), issuer(P.v_flat)
-
-
-def split_producer(P, I, R, mark, merge):
-    """The producer of split rings: ``produce(sm, key_cache, value_cache,
-    tables, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, errors,
-    num_rounds, items, num_heads, group, tid, mrows)``, run by the producer
-    warpgroup's threads (``tid`` < 128): warps 0-1 copy each item's keys into
-    the K ring, warps 2-3 its values into the V ring, the block's items taken
-    as :func:`kernels.prefill_items.item_parts` ``I`` gives them, ``R`` the
-    rings' barriers (:func:`split_ring_parts`), ``mark`` the kernel's
-    timeline stamps; with ``merge`` the last item's ``row0, q0, nq, h0`` are
-    left in ``mrows``. Each pair of warps issues tile ``g``'s copies, then
-    waits for tile ``g - 1``'s and publishes them."""
-    S, BN, D, KV_OFF = R.STAGES, P.BN, P.D, P.KV_OFF
-    V_RING = S * BN * D                 # elements from the K ring to the V ring
-    MERGE = bool(merge)
-    claim, publish = R.claim, R.publish
-    issue_keys, issue_values = row_copies(P)
-    kv_slot, row_of, chunk_of, tile_entries = P.kv_slot, P.row_of, P.chunk_of, P.tile_entries
-    k_strides, v_strides, wait_all = P.k_strides, P.v_strides, P.wait_all
-    work_item, item_range, next_entries, next_bounds = (I.work_item, I.item_range,
-                                                        I.next_entries, I.next_bounds)
-    PERSISTENT = R.PERSISTENT
-    wait_older = wait_group(1)
-
-    @cuda_function
-    def produce(sm, key_cache, value_cache, tables, cu_seqlens_q, seq_lens, tile_seq, tile_q0,
-                causal, window, errors, num_rounds, items, num_heads, group, tid, mrows):
-        ring = int32(tid // HALF)       # warps 0-1 copy the keys, 2-3 the values
-        htid = int32(tid % HALF)
-        tid_slot = kv_slot(0, row_of(htid), chunk_of(htid))
-        done = int32(0)
-        nx = cuda.local.array(2, int32)
-        for rnd in range(num_rounds):
-            tile, h0, real = work_item(rnd, items, num_heads)
-            if real:
-                mark(errors, rnd, 0, 0, tid)
-                kvh = h0 // group
-                kstr = k_strides(key_cache, kvh, chunk_of(htid))
-                vstr = v_strides(value_cache, kvh, chunk_of(htid))
-                seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
-                    rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
-                    tables)
-                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
-                if MERGE:
-                    mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
-                last = int32(kv_hi - 1)
-                mark(errors, rnd, 0, 1, tid)
-                for j in range(ntiles):
-                    g = done + j
-                    kt = int32(kv_first + j * BN)
-                    entries = tile_entries(tables, seq, kt, kv_lo, last, htid,
-                                           key_cache.shape[0])
-                    if g >= S:          # the consumers are done with tile g - S
-                        claim(ring, g)
-                    base = KV_OFF + ring * V_RING + (g % S) * (BN * D)
-                    if ring == 0:
-                        issue_keys(sm, key_cache, tables, seq, kvh, kt, kv_lo, last, base, htid,
-                                   kstr, tid_slot, entries)
-                    else:
-                        issue_values(sm, value_cache, tables, seq, kvh, kt, kv_lo, last, base,
-                                     htid, vstr, tid_slot, entries)
-                    if g >= 1:
-                        wait_older()
-                        publish(ring, g - 1)
-                    if j == 0:
-                        mark(errors, rnd, 0, 2, tid)
-                next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, tid & 31)
-                mark(errors, rnd, 0, 3, tid)
-                done += ntiles
-        if done > 0:
-            wait_all()
-            publish(ring, done - 1)
-        if PERSISTENT:                  # the releases of the last tiles
-            for g in range(max(done - S, 0), done):
-                claim(ring, g)
-
-    return produce

@@ -7,8 +7,8 @@ the keys and values:
 
 * warpgroup 0 (threads 0-127) is the *producer*: it gathers K/V tiles through
   the block table with ``cp.async`` into a ring of ``stages`` stages (4 by
-  default), and gives back most of its registers (``setmaxnreg.dec`` to 40;
-  64 in a persistent block);
+  default; its loops in :mod:`kernels.prefill_producer`), and gives back
+  most of its registers (``setmaxnreg.dec`` to 40; 64 in a persistent block);
 * the other warpgroups are *consumers* (64 rows each, ``setmaxnreg.inc`` to
   232, or 216): the products and the online softmax of the ``wgmma`` kernel,
   with no copy of their own. A ``wgmma.fence`` waits until every earlier instruction
@@ -51,7 +51,8 @@ from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
 from .prefill_ring import ring_parts
-from .prefill_split_ring import HALF, split_producer, split_ring_parts
+from .prefill_producer import joint_producer, split_producer
+from .prefill_split_ring import HALF, split_ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
@@ -208,11 +209,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     Q_REGS = bool(q_in_regs)
     W = product_parts(P, q_regs=Q_REGS, split_rings=SPLIT_RINGS)
     starts, load_q_words, KSTEPS = W.starts, W.load_q_words, P.KSTEPS
-    D, BN, PV_STEPS, NTILE_S, NTILE_O = P.D, P.BN, P.PV_STEPS, P.NTILE_S, P.NTILE_O
+    D, PV_STEPS, NTILE_S, NTILE_O = P.D, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
-    kv_slot, row_of, chunk_of = P.kv_slot, P.row_of, P.chunk_of
-    tile_entries, issue_entries = P.tile_entries, P.issue_entries
-    k_strides, v_strides = P.k_strides, P.v_strides
     load_queries, tile_range, init_rows = P.load_warp_queries, P.tile_range, P.init_rows
     store_staged, SPLIT = P.store_staged, P.SPLIT
     exponent_scale = P.exponent_scale
@@ -241,18 +239,15 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if MBAR:
         DYNAMIC_BYTES += 8 * STAGES
     TMAPS = bool(tensor_maps)
-    issue_boxes = None
     if TMAPS:
         T = tma_parts(P, MBAR_AT)
-        whole_tiles, issue_boxes = T.whole_tiles, T.issue_boxes
+        whole_tiles = T.whole_tiles
     else:
         @device_function
         def whole_tiles(kv_first, kv_hi):
             return int32(0)
-    fp8_issue = fp8_widen = fp8_strides = None
     if FP8:                               # the staging ring of codes, after the ring
         F = fp8_parts(P, kv_dtype, PRODUCER_THREADS)
-        fp8_issue, fp8_widen, fp8_strides = F.issue, F.widen, F.strides
         DYNAMIC_BYTES += F.STAGING_BYTES
     assert not swizzle or (2 * Q2_DELTA) % 1024 == 0, "second query buffer off a swizzle atom"
     if DYNAMIC_BYTES > MAX_SHARED_BYTES:
@@ -263,10 +258,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     merge_tail = (merge_tail_parts(heads_per_block, D, NTHREADS, dtype).merge_tail if MERGE
                   else None)
     R = ring_parts(STAGES, PINGPONG, PERSISTENT, MBAR, MBAR_AT, NTHREADS)
-    acquire, release, take_turn, pass_turn, publish = (R.acquire, R.release, R.take_turn,
-                                                       R.pass_turn, R.publish)
-    bar_sync, turn_sync, turn_arrive, EMPTY, TURN = (R.bar_sync, R.turn_sync, R.turn_arrive,
-                                                     R.EMPTY, R.TURN)
+    acquire, release, take_turn, pass_turn = R.acquire, R.release, R.take_turn, R.pass_turn
+    turn_sync, turn_arrive, TURN = R.turn_sync, R.turn_arrive, R.TURN
 
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
@@ -285,20 +278,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
             errors[WORDS + ((cuda.blockIdx.x * ROUNDS + rnd) * ROLES + role) * STAMPS + k] = \
                 globaltimer()
 
-    produce_split = (split_producer(P, I, RS, mark, MERGE) if SPLIT_RINGS else None)
+    produce = (split_producer(P, I, RS, mark, MERGE) if SPLIT_RINGS else
+               joint_producer(P, I, R, mark, MERGE, F if FP8 else None, T if TMAPS else None,
+                              MBAR_AT if MBAR else None))
 
     jit = cuda.jit if config.ENABLE_CUDASIM else functools.partial(
         cuda.jit, launch_bounds=(NTHREADS, 1))
-
-    @device_function
-    def land(words, g, tid):
-        """(fp8) Tile ``g``'s codes copied by this thread landed: widen them
-        into its stage once the consumers are done with the stage's last
-        tile, then publish it."""
-        if g >= STAGES:
-            bar_sync(EMPTY + g % STAGES)
-        fp8_widen(words, g, g % STAGES, tid)
-        publish(g)
 
     @cuda_function
     def body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
@@ -320,86 +305,13 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 tma.mbarrier_init_fence()
             cuda.syncthreads()
 
-        if SPLIT_RINGS:
-            if tid < PRODUCER_THREADS:
-                if MOVE_REGS:
-                    shrink()
-                mrows = cuda.local.array(4, int32)  # (MERGE) the last item's row0, q0, nq, h0
-                produce_split(sm, key_cache, value_cache, tables, cu_seqlens_q, seq_lens,
-                              tile_seq, tile_q0, causal, window, errors, num_rounds, items,
-                              num_heads, group, tid, mrows)
-                if MERGE:
-                    merge_tail(out, lse, merged[0], merged[1], merged[2], words, fwords, tid,
-                               mrows[0], mrows[1], mrows[2], mrows[3])
-                return
-
         if tid < PRODUCER_THREADS:
             if MOVE_REGS:
                 shrink()
-            tid_slot = kv_slot(0, row_of(tid), chunk_of(tid))
-            done = int32(0)             # tiles of the ring so far
-            nx = cuda.local.array(2, int32)     # the next item's range, read ahead
-            mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
-            for rnd in range(num_rounds):
-                tile, h0, real = work_item(rnd, items, num_heads)
-                if real:
-                    mark(errors, rnd, 0, 0, tid)
-                    kvh = h0 // group
-                    if FP8:
-                        kstr, vstr = fp8_strides(key_cache, value_cache, kvh, tid)
-                    else:
-                        kstr = k_strides(key_cache, kvh, chunk_of(tid))
-                        vstr = v_strides(value_cache, kvh, chunk_of(tid))
-                    seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
-                        rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
-                        window, tables)
-                    next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
-                    if MERGE:
-                        mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
-                    last = int32(kv_hi - 1)
-                    boxed = whole_tiles(kv_first, kv_hi)     # its first tiles by boxes
-                    mark(errors, rnd, 0, 1, tid)
-                    for j in range(ntiles):
-                        g = done + j
-                        kt = int32(kv_first + j * BN)
-                        # the table entries first: their latency passes in the wait
-                        entries = tile_entries(tables, seq, kt, kv_lo, last, tid,
-                                               key_cache.shape[0])
-                        if FP8:     # codes into staging; the last tile's widened
-                            fp8_issue(sm, key_cache, value_cache, tables, seq, kt, kv_lo, last,
-                                      g, tid, kstr, vstr, entries)
-                            if g >= 1:
-                                wait_older()
-                                land(words, g - 1, tid)
-                        else:
-                            if g >= STAGES:     # the consumers are done with tile g - STAGES
-                                bar_sync(EMPTY + g % STAGES)
-                            if TMAPS and j < boxed:     # a whole tile: by box copies
-                                issue_boxes(sm, maps, key_cache, value_cache, tables, seq, kvh,
-                                            kt, g % STAGES, tid, entries, bars)
-                            else:
-                                issue_entries(sm, key_cache, value_cache, tables, seq, kvh, kt,
-                                              kv_lo, last, g % STAGES, tid, kstr, vstr,
-                                              tid_slot, entries)
-                                if MBAR:    # the hardware arrives once they land
-                                    tma.copies_arrive(bars, MBAR_AT + g % STAGES)
-                            if not MBAR and g >= 1:
-                                wait_older()
-                                publish(g - 1)
-                        if j == 0:
-                            mark(errors, rnd, 0, 2, tid)
-                    next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, tid & 31)
-                    mark(errors, rnd, 0, 3, tid)
-                    done += ntiles
-            if done > 0:
-                wait_all()
-                if FP8:
-                    land(words, done - 1, tid)
-                elif not MBAR:
-                    publish(done - 1)
-            if PERSISTENT:              # the releases of the last tiles
-                for g in range(max(done - STAGES, 0), done):
-                    bar_sync(EMPTY + g % STAGES)
+            mrows = cuda.local.array(4, int32)  # (MERGE) the last item's row0, q0, nq, h0
+            produce(sm, words, key_cache, value_cache, tables, cu_seqlens_q, seq_lens, tile_seq,
+                    tile_q0, causal, window, errors, maps, bars, num_rounds, items, num_heads,
+                    group, tid, mrows)
             if MERGE:
                 merge_tail(out, lse, merged[0], merged[1], merged[2], words, fwords, tid,
                            mrows[0], mrows[1], mrows[2], mrows[3])
