@@ -14,7 +14,8 @@ two thirds of the memory, so the tiles can have twice the keys at head size
 * the V ring: ``V_{j-1}`` being read, ``V_j`` in flight;
 * the producer warpgroup splits: warps 0 and 1 copy the keys, warps 2 and 3
   the values, each pair with its own order of claims, copies and
-  publications, so that neither waits for the other's ring;
+  publications, so that neither waits for the other's ring
+  (:func:`kernels.prefill_producer.split_producer`);
 * each ring's stage has its *full* barriers (one a consumer warpgroup with
   ``pingpong``) and its *empty* barrier, as in :mod:`kernels.prefill_ring`.
 
