@@ -111,8 +111,10 @@ SPLIT = dict(WS["kernel_options"], swizzle=True, lean_loop=True, split_rings=Tru
     (WS_LONG, True, dict(WS_TWO, kernel_options=dict(SPLIT, pingpong=True, persistent=1))),
     (WS_HEADS, False, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
         SPLIT, pingpong=True, persistent=3))),
-    (WS_D256, True, dict(WS_ONE, kernel_options=dict(SPLIT, stages=3)))],
-    ids=["persistent-one-block", "persistent-serpentine-noncausal", "head-256-three-stages"])
+    (WS_D256, True, dict(WS_ONE, kernel_options=dict(SPLIT, stages=3))),
+    (WS_LONG, True, dict(WS_TWO, num_parts=2, kernel_options=dict(SPLIT, pingpong=True)))],
+    ids=["persistent-one-block", "persistent-serpentine-noncausal", "head-256-three-stages",
+         "split-k-turns"])
 def test_tc_prefill_split_rings(p, causal, tiling):
     """The producer kernel with a K ring and a V ring (``split_rings``,
     lean loop, swizzled) within the tensor-core bound: one persistent block
@@ -120,7 +122,8 @@ def test_tc_prefill_split_rings(p, causal, tiling):
     (turns: each warpgroup acquires K_j and V_{j-1}, releases K_j once S_j
     has landed); three blocks across eight items of two KV heads, the rings
     running on from item to item; one warpgroup at head size 256, bf16, 3
-    stages a ring, no turns."""
+    stages a ring, no turns; split-K in two parts with turns, blocks that are
+    not persistent (the producer claims only the stages it refills)."""
     check_prefill(p, causal, tiling)
 
 
