@@ -40,6 +40,9 @@ flush L2, the median of ``--reps``; SDPA (contiguous K/V, ``is_causal``) is
 timed in the same process the same way. ``--rounds N`` times every variant N
 times in turn and reports the median of the rounds (for differences of a
 few percent, such as the guard's: ``--variants default default-ng``).
+``--jobs N`` compiles the variants in N processes first (each kernel lands
+in the disk cache), so that a run of several variants waits for one
+compile, not one after another.
 """
 import argparse
 import functools
@@ -191,6 +194,25 @@ def run_case(case, args):
               flush=True)
 
 
+def precompile(args):
+    """Run this script on each variant alone (first case, one repetition) in
+    ``args.jobs`` processes at once, so that the timing run finds every kernel
+    in the disk cache (``paged_numba.kernels.disk_cache``)."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(variant):
+        cmd = [sys.executable, __file__, "--case", args.case[0], "--variants", variant,
+               "--head-size", str(args.head_size), "--heads", *map(str, args.heads),
+               "--block-size", str(args.block_size), "--dtype", args.dtype, "--reps", "1"]
+        return variant, subprocess.run(cmd, capture_output=True, text=True).returncode
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for variant, rc in pool.map(one, args.variants):
+            print(f"precompiled {variant}" + ("" if rc == 0 else f" (exit {rc})"), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", nargs="+", default=["causal-8x2048"], choices=sorted(CASES),
@@ -202,7 +224,14 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="compile the variants in this many processes first (each times its "
+                         "variant once on the first case, into the kernel cache on disk), "
+                         "then time them all here: Numba compiles one kernel at a time a "
+                         "process")
     args = ap.parse_args()
+    if args.jobs > 1:
+        precompile(args)
     for case in args.case:
         run_case(case, args)
         torch.cuda.empty_cache()
