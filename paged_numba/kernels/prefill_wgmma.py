@@ -232,18 +232,14 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     32-bit counters and each tile's mask decided before its scores land.
 
     ``split`` (lean only): the barriers of separate K and V rings
-    (:func:`kernels.prefill_split_ring.split_ring_parts`, which then give
-    the turns too; ``acquire`` and ``release`` are unused): iteration ``j``
+    (:func:`kernels.prefill_split_ring.split_ring_parts`; ``acquire`` and
+    ``release`` are unused, the turns are theirs): iteration ``j``
     acquires ``K_j`` and ``V_{j-1}``, releases ``K_j`` as soon as ``S_j``
     has landed and ``V_{j-1}`` once ``P_{j-1} V_{j-1}`` has; ``W`` from
     ``product_parts(P, split_rings=True)``."""
     BN, rescale_half = P.BN, P.rescale_half
     SPLIT = split is not None
-    if SPLIT:
-        take_turn, pass_turn = split.take_turn, split.pass_turn
-        ring_acquire, ring_release = split.acquire, split.release
-    else:
-        ring_acquire = ring_release = None
+    ring_acquire, ring_release = (split.acquire, split.release) if SPLIT else (None, None)
 
     # what a lean iteration waits for and hands back: a joint stage is acquired
     # with its keys and released with its values; split rings do each on its own

@@ -258,17 +258,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     merge_tail = (merge_tail_parts(heads_per_block, D, NTHREADS, dtype).merge_tail if MERGE
                   else None)
     R = ring_parts(STAGES, PINGPONG, PERSISTENT, MBAR, MBAR_AT, NTHREADS)
-    acquire, release, take_turn, pass_turn = R.acquire, R.release, R.take_turn, R.pass_turn
-    turn_sync, turn_arrive, TURN = R.turn_sync, R.turn_arrive, R.TURN
+    RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps) if SPLIT_RINGS else None
+    turns = RS if SPLIT_RINGS else R      # the ring whose named barriers hold the turns
+    take_turn, pass_turn, turn_sync, turn_arrive, TURN = (
+        turns.take_turn, turns.pass_turn, turns.turn_sync, turns.turn_arrive, turns.TURN)
 
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
-    RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps) if SPLIT_RINGS else None
-    if SPLIT_RINGS:
-        turn_sync, turn_arrive, TURN = RS.turn_sync, RS.turn_arrive, RS.TURN
-    run_keys = key_loop(P, W, STAGES, acquire, release, take_turn, pass_turn, lean=lean_loop,
-                        split=RS)
+    run_keys = key_loop(P, W, STAGES, R.acquire, R.release, take_turn, pass_turn,
+                        lean=lean_loop, split=RS)
 
     @device_function
     def mark(errors, rnd, role, k, tid):
