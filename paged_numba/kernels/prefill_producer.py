@@ -145,8 +145,11 @@ def split_producer(P, I, R, mark, merge):
     (``words``, ``maps`` and ``bars`` unused), warps 0-1 copying each item's
     keys into the K ring and warps 2-3 its values into the V ring, ``R`` the
     rings' barriers (:func:`kernels.prefill_split_ring.split_ring_parts`).
-    Each pair of warps issues tile ``g``'s copies, then waits for tile
-    ``g - 1``'s and publishes them."""
+    Before a pair of warps claims tile ``g``'s stage it waits for tile
+    ``g - S + 1``'s copies and publishes them: with two stages a ring, a
+    publication after the claim (as the joint producer does) would hold tile
+    ``g - 1`` back until the consumers freed tile ``g - 2``'s stage and tile
+    ``g``'s copies were issued, and the copies would not overlap the products."""
     S, BN, D, KV_OFF = R.STAGES, P.BN, P.D, P.KV_OFF
     V_RING = S * BN * D                 # elements from the K ring to the V ring
     MERGE = bool(merge)
@@ -157,7 +160,7 @@ def split_producer(P, I, R, mark, merge):
     work_item, item_range, next_entries, next_bounds = (I.work_item, I.item_range,
                                                         I.next_entries, I.next_bounds)
     PERSISTENT = R.PERSISTENT
-    wait_older = wait_group(1)
+    wait_lagging = wait_group(S - 2)    # all but the newest S - 2 groups: tile g - S + 1
 
     @cuda_function
     def produce(sm, words, key_cache, value_cache, tables, cu_seqlens_q, seq_lens, tile_seq,
@@ -188,6 +191,9 @@ def split_producer(P, I, R, mark, merge):
                     kt = int32(kv_first + j * BN)
                     entries = tile_entries(tables, seq, kt, kv_lo, last, htid,
                                            key_cache.shape[0])
+                    if g >= S - 1:      # tile g - S + 1 out before waiting for a stage
+                        wait_lagging()
+                        publish(ring, g - S + 1)
                     if g >= S:          # the consumers are done with tile g - S
                         claim(ring, g)
                     base = KV_OFF + ring * V_RING + (g % S) * (BN * D)
@@ -197,9 +203,6 @@ def split_producer(P, I, R, mark, merge):
                     else:
                         issue_values(sm, value_cache, tables, seq, kvh, kt, kv_lo, last, base,
                                      htid, vstr, tid_slot, entries)
-                    if g >= 1:
-                        wait_older()
-                        publish(ring, g - 1)
                     if j == 0:
                         mark(errors, rnd, 0, 2, tid)
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, tid & 31)
@@ -207,7 +210,8 @@ def split_producer(P, I, R, mark, merge):
                 done += ntiles
         if done > 0:
             wait_all()
-            publish(ring, done - 1)
+            for g in range(max(done - S + 1, 0), done):
+                publish(ring, g)
         if PERSISTENT:                  # the releases of the last tiles
             for g in range(max(done - S, 0), done):
                 claim(ring, g)
