@@ -50,6 +50,7 @@ from .async_copy import commit_group, wait_group
 from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
+from .prefill_key_loop import key_loop
 from .prefill_ring import ring_parts
 from .prefill_producer import joint_producer, split_producer
 from .prefill_split_ring import HALF, split_ring_parts
@@ -57,7 +58,7 @@ from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
 from .prefill_tma import tma_parts
-from .prefill_wgmma import key_loop, product_parts
+from .prefill_wgmma import product_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
 from .merge_tail import merge_tail_parts
@@ -173,7 +174,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
 
     ``lean_loop=True``: the consumers' key loop with 32-bit counters, each
     tile's mask decided before its scores land and the softmax unseeded
-    (``tile_parts(lean=True)``, :func:`kernels.prefill_wgmma.key_loop`): the
+    (``tile_parts(lean=True)``, :func:`kernels.prefill_key_loop.key_loop`): the
     same results in fewer instructions.
 
     ``q_in_regs=True`` (head size 128 or less): each consumer lane reads its
