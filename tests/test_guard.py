@@ -3,6 +3,8 @@ index outside the pools is not followed; the kernel records the first one,
 and ``PagedKVCache.check`` raises it."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import paged_numba as pn
 
@@ -61,6 +63,51 @@ def test_layers_share_one_error_word_and_good_writes_record_nothing():
         cache.layer(1).check()
     cache.check()
     assert not cache.to_host()[0][2, 1].any()                 # layer 2 of the 8th slot: none
+
+
+@settings(max_examples=15) if pn.simulator_enabled() else (lambda f: f)   # GPU: the profile's
+@given(data=st.data(), dtype=st.sampled_from(["float16", "float8_e4m3fn"]))
+def test_write_kv_with_any_slot_mapping_writes_the_good_tokens_and_reports_a_bad_one(data, dtype):
+    """Any mix of slots in the pool (distinct), padding (-1), and ids past either
+    end (up to 2**40 away), written without validation: the pools end as a
+    validated write of the good tokens alone leaves them, and ``check`` names
+    one of the bad entries with its value (the first the device met), then
+    nothing."""
+    num_blocks, block_size = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 8))
+    size = num_blocks * block_size
+    n = data.draw(st.integers(1, 12))
+    kinds = data.draw(st.lists(st.sampled_from(["good", "pad", "high", "low"]), min_size=n,
+                               max_size=n))
+    free = iter(data.draw(st.permutations(range(size))))
+    mapping = []
+    for kind in kinds:
+        if kind == "good":
+            kind = next(free, None)
+        mapping.append(kind if isinstance(kind, int) else
+                       -1 if kind in ("pad", None) else
+                       data.draw(st.sampled_from([size, size + 1, 2 ** 31, 2 ** 32 + 1])
+                                 | st.integers(size, size + 2 ** 40)) if kind == "high" else
+                       data.draw(st.sampled_from([-2, -size - 1, -(2 ** 31), -(2 ** 32) + 1])
+                                 | st.integers(-(2 ** 40), -2)))
+    mapping = np.array(mapping, np.int64)
+    k, v = _tokens(n, seed=data.draw(st.integers(0, 2 ** 16)))
+    cache = pn.PagedKVCache(num_blocks, block_size, 2, 16, dtype)
+    expect = pn.PagedKVCache(num_blocks, block_size, 2, 16, dtype)
+    old_k, old_v = _tokens(size, seed=1)
+    for c in (cache, expect):                                 # the same contents before
+        pn.write_kv(c, old_k, old_v, list(range(size)))
+    pn.write_kv(cache, k, v, _device(mapping), validate=False)
+    good = (mapping >= 0) & (mapping < size)
+    if good.any():
+        pn.write_kv(expect, k[good], v[good], mapping[good].tolist())
+    bad = np.flatnonzero(~good & (mapping != -1))
+    if len(bad):
+        named = "|".join(rf"{i}\] = {mapping[i]}" for i in bad)
+        with pytest.raises(ValueError, match=rf"slot_mapping\[({named}) \(validate=False\)"):
+            cache.check()
+    cache.check()                                             # nothing (more) to say
+    for got, want in zip(cache.to_host(), expect.to_host()):
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 # -- prefill: a table with ids outside the pool, run without validation --------
