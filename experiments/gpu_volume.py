@@ -32,10 +32,10 @@ test failed or errored; git_rev ends in ``+dirty`` when tracked files differ
 from it; ``--sanitizer TOOL`` runs pytest under compute-sanitizer (every
 process; an error makes the exit code 9) and records its distinct ``ERROR
 SUMMARY`` / ``RACECHECK SUMMARY`` lines with their number of processes.
-``guard`` has one ``@given`` test (the scatter's slot mapping), the others
-fixed cases; ``non_finite`` has none and ``wgmma`` one fixed-count item: they
-reach a large target only with new property tests, or with
-``--override-fixed`` (wgmma).
+``guard`` and ``non_finite`` have one ``@given`` test each (the scatter's
+slot mapping; non-finite data anywhere in a decode), beside fixed cases;
+``wgmma`` has one fixed-count item, which reaches a large target only with
+``--override-fixed``.
 """
 import argparse
 import collections
@@ -63,7 +63,7 @@ PLUGIN_PATH = os.pathsep.join(filter(None, [str(ROOT / "experiments"),
 # GPU fp16/bf16 caches take tensor cores by default, and split-K (num_partitions None, 1-4) is
 # drawn; split_k: merge_states; prefill: on sm_90 the warpgroup kernels (the default there);
 # wgmma: the warpgroup products those kernels are built on; fp8: every example writes its
-# pools with the fp8 scatter; guard: one @given test; non_finite: none.
+# pools with the fp8 scatter; guard, non_finite: one @given test each.
 FAMILIES = {name: ["tests/" + t for t in tests.split()] for name, tests in {
     "write_kv": "test_cache.py::test_write_then_gather_returns_what_was_written",
     "decode": "test_decode.py::test_decode_matches_reference",

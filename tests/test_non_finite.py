@@ -13,12 +13,14 @@ The data (fp32 caches, head size 16) picks the CUDA-core kernels.
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import paged_numba as pn
 from paged_numba._launch import launch_count
 from paged_numba.reference import paged_decode_reference, paged_prefill_reference
-from paged_numba.testing import (DecodeProblem, PrefillProblem, check_close, decode_reference,
-                                 prefill_reference)
+from paged_numba.testing import (DecodeProblem, PrefillProblem, check_close, decode_problems,
+                                 decode_reference, prefill_reference)
 
 F32 = np.float32
 I32 = np.int32
@@ -81,6 +83,33 @@ def test_decode_non_finite_data_follows_the_reference(num_partitions, window):
     out, lse = pn.paged_decode(q, cache, p.block_tables, p.seq_lens, return_lse=True,
                                num_partitions=num_partitions, **variants)
     assert launch_count() - launches == (1 if num_partitions == 1 else 2)   # + the merge
+    check_non_finite(out, ref, bound, "output")
+    check_non_finite(lse, ref_lse, bound_lse, "lse")
+
+
+@settings(max_examples=4) if pn.simulator_enabled() else (lambda f: f)   # GPU: the profile's
+@given(data=st.data())
+def test_decode_non_finite_values_anywhere_follow_the_reference(data):
+    """One to four NaN, +inf or -inf values at random places of the queries and
+    of the key and value pools (read through the table or not) of a random
+    problem, decoded in one to three parts: the output's and the log-sum-exp's
+    non-finite entries are exactly the reference's, the others within the clean
+    problem's bounds."""
+    p = data.draw(decode_problems(head_sizes=(16,), block_sizes=(4, 8), layouts=("nhd",),
+                                  dtypes=("float32",), groups=(1, 2), max_seq_len=40),
+                  label="problem")
+    parts = data.draw(st.integers(1, 3), label="num_partitions")
+    clean = p.arrays()
+    _, _, bound, bound_lse = decode_reference(p, *clean, num_partitions=parts)
+    q, k, v = (x.copy() for x in clean)
+    for _ in range(data.draw(st.integers(1, 4))):
+        arr = data.draw(st.sampled_from([q, k, v]))
+        where = tuple(data.draw(st.integers(0, n - 1)) for n in arr.shape)
+        arr[where] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    ref, ref_lse = paged_decode_reference(q, k, v, p.block_tables, p.seq_lens)
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    out, lse = pn.paged_decode(q, cache, p.block_tables, p.seq_lens, return_lse=True,
+                               num_partitions=parts)
     check_non_finite(out, ref, bound, "output")
     check_non_finite(lse, ref_lse, bound_lse, "lse")
 
