@@ -20,7 +20,7 @@ import paged_numba as pn
 from paged_numba._launch import launch_count
 from paged_numba.reference import paged_decode_reference, paged_prefill_reference
 from paged_numba.testing import (DecodeProblem, PrefillProblem, check_close, decode_problems,
-                                 decode_reference, prefill_reference)
+                                 decode_reference, prefill_problems, prefill_reference)
 
 F32 = np.float32
 I32 = np.int32
@@ -150,6 +150,30 @@ def test_prefill_non_finite_data_follows_the_reference(variants):
     out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
                                 return_lse=True, **variants, **tiling)
     assert launch_count() - launches == 1
+    check_non_finite(out, ref, bound, "output")
+    check_non_finite(lse, ref_lse, bound_lse, "lse")
+
+
+@settings(max_examples=4) if pn.simulator_enabled() else (lambda f: f)   # GPU: the profile's
+@given(data=st.data(), causal=st.booleans())
+def test_prefill_non_finite_values_anywhere_follow_the_reference(data, causal):
+    """The decode property above for a random prefill, causal or not (dropping
+    NaN weights fails it)."""
+    p = data.draw(prefill_problems(head_sizes=(16,), block_sizes=(4, 8), layouts=("nhd",),
+                                   dtypes=("float32",), groups=(1, 2), max_q_len=12,
+                                   max_cached=24), label="problem")
+    clean = p.arrays()
+    _, _, bound, bound_lse = prefill_reference(p, *clean, causal=causal)
+    q, k, v = (x.copy() for x in clean)
+    for _ in range(data.draw(st.integers(1, 4))):
+        arr = data.draw(st.sampled_from([q, k, v]))
+        where = tuple(data.draw(st.integers(0, n - 1)) for n in arr.shape)
+        arr[where] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    ref, ref_lse = paged_prefill_reference(q, k, v, p.block_tables, p.cu_seqlens_q, p.seq_lens,
+                                           causal=causal)
+    cache = pn.PagedKVCache.from_host(k, v, "nhd")
+    out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
+                                return_lse=True, causal=causal)
     check_non_finite(out, ref, bound, "output")
     check_non_finite(lse, ref_lse, bound_lse, "lse")
 
