@@ -87,6 +87,17 @@ def test_decode_non_finite_data_follows_the_reference(num_partitions, window):
     check_non_finite(lse, ref_lse, bound_lse, "lse")
 
 
+def _scatter_non_finite(data, arrays):
+    """Copies of ``arrays`` with one to four NaN, +inf or -inf values drawn into
+    random places of random ones."""
+    arrays = [x.copy() for x in arrays]
+    for _ in range(data.draw(st.integers(1, 4))):
+        arr = data.draw(st.sampled_from(arrays))
+        where = tuple(data.draw(st.integers(0, n - 1)) for n in arr.shape)
+        arr[where] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return arrays
+
+
 @settings(max_examples=4) if pn.simulator_enabled() else (lambda f: f)   # GPU: the profile's
 @given(data=st.data())
 def test_decode_non_finite_values_anywhere_follow_the_reference(data):
@@ -101,11 +112,7 @@ def test_decode_non_finite_values_anywhere_follow_the_reference(data):
     parts = data.draw(st.integers(1, 3), label="num_partitions")
     clean = p.arrays()
     _, _, bound, bound_lse = decode_reference(p, *clean, num_partitions=parts)
-    q, k, v = (x.copy() for x in clean)
-    for _ in range(data.draw(st.integers(1, 4))):
-        arr = data.draw(st.sampled_from([q, k, v]))
-        where = tuple(data.draw(st.integers(0, n - 1)) for n in arr.shape)
-        arr[where] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    q, k, v = _scatter_non_finite(data, clean)
     ref, ref_lse = paged_decode_reference(q, k, v, p.block_tables, p.seq_lens)
     cache = pn.PagedKVCache.from_host(k, v, "nhd")
     out, lse = pn.paged_decode(q, cache, p.block_tables, p.seq_lens, return_lse=True,
@@ -164,11 +171,7 @@ def test_prefill_non_finite_values_anywhere_follow_the_reference(data, causal):
                                    max_cached=24), label="problem")
     clean = p.arrays()
     _, _, bound, bound_lse = prefill_reference(p, *clean, causal=causal)
-    q, k, v = (x.copy() for x in clean)
-    for _ in range(data.draw(st.integers(1, 4))):
-        arr = data.draw(st.sampled_from([q, k, v]))
-        where = tuple(data.draw(st.integers(0, n - 1)) for n in arr.shape)
-        arr[where] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    q, k, v = _scatter_non_finite(data, clean)
     ref, ref_lse = paged_prefill_reference(q, k, v, p.block_tables, p.cu_seqlens_q, p.seq_lens,
                                            causal=causal)
     cache = pn.PagedKVCache.from_host(k, v, "nhd")
