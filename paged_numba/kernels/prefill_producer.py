@@ -11,9 +11,11 @@ tile into it and publishing it to the consumers.
 * :func:`split_producer`: a K ring and a V ring, warps 0-1 copying keys and
   warps 2-3 values (:mod:`kernels.prefill_split_ring`).
 
-Both issue tile ``g``'s copies before waiting for tile ``g - 1``'s, so a
-thread has two tiles of copies in flight (with mbarriers the copies arrive
-for it as they land, and it never waits for them).
+The joint producer issues tile ``g``'s copies before waiting for tile ``g -
+1``'s, so a thread has two tiles of copies in flight (with mbarriers the
+copies arrive for it as they land, and it never waits for them); the split
+producer publishes tile ``g - S + 1`` before claiming tile ``g``'s stage (see
+:func:`split_producer`).
 """
 from numba import cuda, int32
 
@@ -22,6 +24,28 @@ from .async_copy import wait_group
 from .prefill_split_ring import HALF, row_copies
 from .prefill_tc_io import cuda_function
 from .access import device_function
+
+
+def item_opening(I, merge):
+    """``open_item(rnd, tile, h0, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0,
+    causal, window, tables, items, num_heads, tid, mrows)``, what both
+    producers do as an item begins: its key range ``(seq, kv_lo, kv_hi,
+    ntiles, kv_first)`` (:func:`kernels.prefill_items.item_parts` ``I``), the
+    next item's table entries asked for, and with ``merge`` the item's ``row0,
+    q0, nq, h0`` left in ``mrows``."""
+    item_range, next_entries, MERGE = I.item_range, I.next_entries, bool(merge)
+
+    @device_function
+    def open_item(rnd, tile, h0, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
+                  tables, items, num_heads, tid, mrows):
+        seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
+            rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables)
+        next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
+        if MERGE:
+            mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
+        return seq, kv_lo, kv_hi, ntiles, kv_first
+
+    return open_item
 
 
 def joint_producer(P, I, R, mark, merge, fp8=None, tmaps=None, mbar_at=None):
@@ -37,16 +61,14 @@ def joint_producer(P, I, R, mark, merge, fp8=None, tmaps=None, mbar_at=None):
     (:func:`kernels.prefill_tma.tma_parts`); ``mbar_at``: the stages'
     mbarriers in ``bars`` (the copies arrive at them), else None."""
     STAGES, BN = P.STAGES, P.BN
-    FP8, TMAPS, MBAR, MERGE = fp8 is not None, tmaps is not None, mbar_at is not None, \
-        bool(merge)
+    FP8, TMAPS, MBAR = fp8 is not None, tmaps is not None, mbar_at is not None
     MBAR_AT = mbar_at if MBAR else 0
     PERSISTENT = R.PERSISTENT
     bar_sync, EMPTY, publish = R.bar_sync, R.EMPTY, R.publish
     kv_slot, row_of, chunk_of, tile_entries = P.kv_slot, P.row_of, P.chunk_of, P.tile_entries
     k_strides, v_strides, wait_all, issue_entries = (P.k_strides, P.v_strides, P.wait_all,
                                                      P.issue_entries)
-    work_item, item_range, next_entries, next_bounds = (I.work_item, I.item_range,
-                                                        I.next_entries, I.next_bounds)
+    work_item, next_bounds, open_item = I.work_item, I.next_bounds, item_opening(I, merge)
     wait_older = wait_group(1)            # all but this thread's newest group of copies
     fp8_issue, fp8_widen, fp8_strides = ((fp8.issue, fp8.widen, fp8.strides) if FP8 else
                                          (None, None, None))
@@ -86,12 +108,9 @@ def joint_producer(P, I, R, mark, merge, fp8=None, tmaps=None, mbar_at=None):
                 else:
                     kstr = k_strides(key_cache, kvh, chunk_of(tid))
                     vstr = v_strides(value_cache, kvh, chunk_of(tid))
-                seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
-                    rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
-                    window, tables)
-                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
-                if MERGE:
-                    mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
+                seq, kv_lo, kv_hi, ntiles, kv_first = open_item(
+                    rnd, tile, h0, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
+                    window, tables, items, num_heads, tid, mrows)
                 last = int32(kv_hi - 1)
                 boxed = whole_tiles(kv_first, kv_hi)     # its first tiles by boxes
                 mark(errors, rnd, 0, 1, tid)
@@ -152,13 +171,11 @@ def split_producer(P, I, R, mark, merge):
     ``g``'s copies were issued, and the copies would not overlap the products."""
     S, BN, D, KV_OFF = R.STAGES, P.BN, P.D, P.KV_OFF
     V_RING = S * BN * D                 # elements from the K ring to the V ring
-    MERGE = bool(merge)
     claim, publish = R.claim, R.publish
     issue_keys, issue_values = row_copies(P)
     kv_slot, row_of, chunk_of, tile_entries = P.kv_slot, P.row_of, P.chunk_of, P.tile_entries
     k_strides, v_strides, wait_all = P.k_strides, P.v_strides, P.wait_all
-    work_item, item_range, next_entries, next_bounds = (I.work_item, I.item_range,
-                                                        I.next_entries, I.next_bounds)
+    work_item, next_bounds, open_item = I.work_item, I.next_bounds, item_opening(I, merge)
     PERSISTENT = R.PERSISTENT
     wait_lagging = wait_group(S - 2)    # all but the newest S - 2 groups: tile g - S + 1
 
@@ -178,12 +195,9 @@ def split_producer(P, I, R, mark, merge):
                 kvh = h0 // group
                 kstr = k_strides(key_cache, kvh, chunk_of(htid))
                 vstr = v_strides(value_cache, kvh, chunk_of(htid))
-                seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
-                    rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
-                    tables)
-                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, tid & 31)
-                if MERGE:
-                    mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
+                seq, kv_lo, kv_hi, ntiles, kv_first = open_item(
+                    rnd, tile, h0, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
+                    window, tables, items, num_heads, tid, mrows)
                 last = int32(kv_hi - 1)
                 mark(errors, rnd, 0, 1, tid)
                 for j in range(ntiles):
