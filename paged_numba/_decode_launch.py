@@ -57,9 +57,10 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
 
 
 def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None,
-                  pv_mma=None, key_rows=None, query_dtype=None):
+                  pv_mma=None, key_rows=None, query_dtype=None, qk_fp8=False):
     return decode_launch(cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout,
-                         split, tuning, tensor_cores, pv_mma, key_rows, _name(query_dtype))
+                         split, tuning, tensor_cores, pv_mma, key_rows, _name(query_dtype),
+                         qk_fp8)
 
 
 def _name(dtype):
@@ -68,13 +69,13 @@ def _name(dtype):
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
-                tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None):
+                tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None, qk_fp8=False):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
     from :func:`num_partitions_for` with the split kernel's occupancy (for the
     tensor-core kernel, at most the blocks that saturate HBM)."""
     if num_partitions is None:
         kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores, pv_mma,
-                                            key_rows, query_dtype)
+                                            key_rows, query_dtype, qk_fp8)
         split = decode_signatures(cache.dtype.name, cache.layout,
                                   _name(query_dtype) or "float16")[1]
         resident = resident_blocks(kernel, split, threads)
@@ -93,7 +94,7 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
 
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
                  unroll=UNROLL, stages=STAGES, tensor_cores=None, pv_mma=None, key_rows=None,
-                 query_dtype=None):
+                 query_dtype=None, qk_fp8=False):
     """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
     picks: :func:`fitting_warps` (static) for the tensor-core kernel
     (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
@@ -112,5 +113,5 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
         num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (C.power_of_two("num_warps", num_warps, hi=MAX_WARPS), unroll, stages)
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
-                              tuning, tensor_cores, pv_mma, key_rows, query_dtype)
+                              tuning, tensor_cores, pv_mma, key_rows, query_dtype, qk_fp8)
     return tuning[0], parts, size

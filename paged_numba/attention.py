@@ -283,6 +283,12 @@ class DecodePlan:
         (``mma.sync``, its warps copying the keys) or ``"wgmma"`` (sm_90: one
         consumer warpgroup and a producer warpgroup). Named, it also takes
         groups of 16 to that tile. Default: ``"tile"``.
+    qk_fp8 : bool
+        For an fp8 cache on the tensor-core kernel: ``Q K^T`` in fp8 (sm_89+:
+        ``mma.m16n8k32`` of E4M3 queries and the cache's codes as stored, no
+        conversion of the keys). Each query head's row is quantised to E4M3
+        with its own scale (``max |q| / 448``), which costs accuracy: about
+        2**-4 relative in each query element (``docs/fp8.md``). Default False.
 
     MQA and GQA groups of 32 or more query heads run on the tensor-core
     prefill tile with split-K (``paged_numba._group_decode``) wherever it
@@ -314,12 +320,13 @@ class DecodePlan:
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
                  tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None,
-                 heads_per_block=None, group_kernel=None):
+                 heads_per_block=None, group_kernel=None, qk_fp8=False):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
         tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
         pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
+        self.qk_fp8 = qk_fp8 = C.flag("qk_fp8", qk_fp8)
         num_seqs = C.integer("num_seqs", num_seqs, lo=0, hi=V.MAX_GRID_YZ)
         num_heads = C.integer("num_heads", num_heads, lo=1, hi=V.MAX_HEADS)
         V.check_heads(num_heads, cache)
@@ -345,7 +352,7 @@ class DecodePlan:
             heads_per_block, num_heads // cache.num_kv_heads, cache, tensor_cores, pv_mma)
         self.num_warps, self.num_partitions, self.partition_size = launch_shape(
             num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
-            unroll, stages, tensor_cores, pv_mma, key_rows, self.query_dtype)
+            unroll, stages, tensor_cores, pv_mma, key_rows, self.query_dtype, qk_fp8)
         tuning = (self.num_warps, unroll, stages)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), self.query_dtype)
@@ -357,7 +364,7 @@ class DecodePlan:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
         self._kernel, self._threads, self.tensor_cores = _cache_launch(
-            cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows, self.query_dtype)
+            cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows, self.query_dtype, qk_fp8)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))

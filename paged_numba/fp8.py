@@ -239,3 +239,40 @@ def fp8_scales(x, dtype, per_head=False):
     s = np.where((amax > 0) & (s.astype(np.float64) * FP8_MAX[name] < amax),
                  np.nextafter(s, np.float32(math.inf)), s).astype(np.float32)
     return s if per_head else float(s)
+
+
+def quantize_rows(x, dtype="float8_e4m3fn"):
+    """Each row (the last axis) of ``x`` quantised with a scale of its own, as
+    ``DecodePlan(qk_fp8=True)`` quantises each query head before ``Q K^T``:
+    ``s = max |x| / FP8_MAX[dtype]`` in float32 (1 for a row of zeros, NaN
+    for a row holding a NaN or an infinity), then :func:`quantize` ``(x, s)``.
+
+    Parameters
+    ----------
+    x : array, ``[..., head_size]``
+        fp16, bf16 or fp32 values.
+    dtype : {"float8_e4m3fn", "float8_e5m2"}
+
+    Returns
+    -------
+    codes : numpy.ndarray of ``ml_dtypes.float8_*``, ``x``'s shape
+    scales : numpy.ndarray of float32, ``x.shape[:-1]``
+        ``codes * scales[..., None]`` (in float64, exactly) is what the
+        product sees.
+
+    Examples
+    --------
+    >>> codes, s = quantize_rows(np.array([[896.0, 1.0, -3.0], [0.0, 0.0, 0.0]], np.float32))
+    >>> s.tolist(), codes.astype(float).tolist()                  # 896 / 448; 1 / 2 = 0.5
+    ([2.0, 1.0], [[448.0, 0.5, -1.5], [0.0, 0.0, 0.0]])
+    """
+    name = _format(dtype)
+    x = np.asarray(x).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        amax = np.abs(x).max(axis=-1, initial=np.float32(0.0))
+        s = np.where(amax > 0, amax / np.float32(FP8_MAX[name]), np.float32(1.0))
+        s = np.where(np.isfinite(x).all(axis=-1), s, np.float32(np.nan)).astype(np.float32)
+        y = x / s[..., None]
+        m = np.float32(FP8_MAX[name])
+        y = np.where(np.isnan(y), y, np.clip(y, -m, m))
+    return y.astype(FP8_NUMPY[name]), s

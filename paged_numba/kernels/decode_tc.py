@@ -85,7 +85,7 @@ from .vector import load16
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, query_dtype=None):
+                     key_rows=False, query_dtype=None, qk_fp8=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -102,7 +102,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     headline shapes (``docs/journal/decode_tc.md``, decode v8, 2026-11-30); ``tuning.decode_launch``
     says which ones ``paged_decode`` uses by default."""
     P = decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_warps,
-                        stages, split, prefetch, pv_mma, key_rows, query_dtype)
+                        stages, split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8)
     (BLOCK_SIZE, CPS, D, DYNAMIC, DYNAMIC_BYTES, FP8, HP4, HPB, HROWS, KR, KSTEPS, KV4,
      KV_HEAD_AXIS, KW, LPR, NH, NLDM, NMMA, NT, NW, PREFETCH, PV, QA, RING, SMEM_T, STAGES,
      STAGE_V, TG, TPL, TWO, VEC, chunk, gather_values, issue, k_rows, key_words, load_a,
@@ -114,6 +114,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         "VEC", "chunk", "gather_values", "issue", "k_rows", "key_words", "load_a",
         "merge_warps", "mma", "pv_tiles", "pv_token", "pv_words", "quad_sum", "rescale_half",
         "split_p", "step_blocks", "v_rows", "wait_stages", "weights")(P)
+    QK8, load_a8, mma32 = P.QK8, P.load_a8, P.mma32
 
     @device_function
     def decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
@@ -153,8 +154,14 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         # row h0 + r + 8 too (the mma's rows 8..15), else zeros
         qa = cuda.local.array(QA, uint32)
         qb = cuda.local.array(QA, uint32)
-        load_a(qa, query, seq, h0 + r, r < HPB, c)
-        load_a(qb, query, seq, h0 + r + 8, TWO and r + 8 < HPB, c)
+        sa = float32(1.0)           # qk_fp8: the rows' query scales
+        sb = float32(1.0)
+        if QK8:
+            sa = load_a8(qa, query, seq, h0 + r, r < HPB, c)
+            sb = load_a8(qb, query, seq, h0 + r + 8, TWO and r + 8 < HPB, c)
+        else:
+            load_a(qa, query, seq, h0 + r, r < HPB, c)
+            load_a(qb, query, seq, h0 + r + 8, TWO and r + 8 < HPB, c)
         zero = uint32(0)
         k_scale = float32(1.0)
         v_scale = float32(1.0)
@@ -162,6 +169,10 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             k_scale = kv_scales[0, kvh]
             v_scale = kv_scales[1, kvh]
         qscale = scale * float32(LOG2E) * k_scale
+        qscale2 = qscale            # head r + 8's (two halves)
+        if QK8:
+            qscale2 = qscale * sb
+            qscale = qscale * sa
         cap2 = soft_cap * float32(LOG2E)
         slope = float32(0.0)
         if r < HPB:
@@ -241,7 +252,8 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                 cuda.syncwarp()                      # every lane's rows are in the ring
             # -- logits of head r, tokens 2c and 2c + 1, on tensor cores
             for i in range(KV4):
-                if FP8:  # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 4i .. 4i + 3
+                if FP8 and not QK8:
+                    # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 4i .. 4i + 3
                     x0, x1, x2, x3 = ldmatrix_x4(
                         ring, ((stage * CPS + lt // TG) * NT + (lrow ^ (4 * i))) * VEC)
                     kw[8 * i], kw[8 * i + 1] = key_words(x0)
@@ -249,6 +261,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                     kw[8 * i + 4], kw[8 * i + 5] = key_words(x2)
                     kw[8 * i + 6], kw[8 * i + 7] = key_words(x3)
                 elif KR:  # vectors 4i .. 4i + 3 of tokens 0..7: B of k-steps 2i, 2i + 1
+                    # (qk_fp8: fp8 codes as they stand, B of 32-dim k-steps 2i, 2i + 1)
                     kw[4 * i], kw[4 * i + 1], kw[4 * i + 2], kw[4 * i + 3] = ldmatrix_x4(
                         ring, ((stage * CPS + lt // TG) * NT + (lrow ^ (4 * i))) * VEC)
                 else:
@@ -258,10 +271,16 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             d1 = float32(0.0)
             d2 = float32(0.0)
             d3 = float32(0.0)
-            for kk in range(KSTEPS):
-                d0, d1, d2, d3 = mma(qa[2 * kk], qb[2 * kk] if TWO else zero, qa[2 * kk + 1],
-                                     qb[2 * kk + 1] if TWO else zero,
-                                     kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
+            if QK8:
+                for kk in range(KSTEPS // 2):
+                    d0, d1, d2, d3 = mma32(qa[2 * kk], qb[2 * kk] if TWO else zero,
+                                           qa[2 * kk + 1], qb[2 * kk + 1] if TWO else zero,
+                                           kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
+            else:
+                for kk in range(KSTEPS):
+                    d0, d1, d2, d3 = mma(qa[2 * kk], qb[2 * kk] if TWO else zero,
+                                         qa[2 * kk + 1], qb[2 * kk + 1] if TWO else zero,
+                                         kw[2 * kk], kw[2 * kk + 1], d0, d1, d2, d3)
             # -- online softmax (variants in order: soft cap, ALiBi; then the mask):
             # head r from (d0, d1), with two halves head r + 8 from (d2, d3)
             t0 = int32(s0 + 2 * c)
@@ -274,7 +293,7 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
             grew2 = False
             if TWO:
                 p2, p3, m_run2, l_run2, alpha2, grew2 = weights(
-                    d2, d3, r + 8 < HPB, slope2, m_run2, l_run2, t0, start, end, qpos, qscale,
+                    d2, d3, r + 8 < HPB, slope2, m_run2, l_run2, t0, start, end, qpos, qscale2,
                     soft_cap, cap2)
             if PV:
                 # -- P @ V on tensor cores: O^T += V^T P^T, 16 dims x 8 heads a tile;

@@ -25,12 +25,18 @@ from .guard import block_of, outside
 from .mma import load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .decode_tc_tiling import (DTYPES, FP8_DTYPES, MAX_HPB, STEP, dynamic_ring_bytes, kv_bytes,
                                ring_stages, supports)
-from .fp8_mma import crossed, pairs
+from .fp8 import encoder, to_f32_any
+from .fp8_mma import crossed, mma_m16n8k32, pairs
 from .vector import load16
 
 
+#: the format the queries are quantised to for ``qk_fp8`` (its largest finite value)
+QK_FORMAT, QK_MAX = "float8_e4m3fn", 448.0
+FLT_MAX = float32(3.4028234663852886e38)
+
+
 def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_warps, stages,
-                    split, prefetch, pv_mma, key_rows, query_dtype):
+                    split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8=False):
     """The constants and device functions of one :func:`.decode_tc.decode_tc_kernel`
     specialisation (its arguments, checked here), as a namespace."""
     if not supports(head_size, heads_per_block, dtype, layout):
@@ -40,6 +46,9 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
     if FP8 and not (pv_mma and key_rows):
         raise ValueError(f"an fp8 cache ({dtype}) needs pv_mma=True and key_rows=True, but got "
                          f"pv_mma={pv_mma}, key_rows={key_rows}")
+    QK8 = bool(qk_fp8)                    # Q K^T in fp8: the queries quantised per head
+    if QK8 and not FP8:
+        raise ValueError(f"qk_fp8=True needs an fp8 cache, but got {dtype}")
     MMA_T = (query_dtype or "float16") if FP8 else dtype    # the products' operand type
     if MMA_T not in DTYPES:
         raise ValueError(f"the tensor-core decode kernel of an fp8 cache takes float16 or "
@@ -92,7 +101,10 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
     mma8 = mma_m16n8k8(MMA_T)
     split_p = split_pack(MMA_T)
     _, from_f32 = codec("float32" if split else MMA_T)
-    key_words = value_words = None
+    key_words = value_words = mma32 = encode_q = None
+    if QK8:     # E4M3 queries times the cache's codes, as they stand
+        mma32 = mma_m16n8k32(QK_FORMAT, dtype)
+        encode_q = encoder(QK_FORMAT)
     if FP8:
         key_words = pairs(dtype, MMA_T)           # a key row's dims 4c .. 4c + 3
         value_words = crossed(dtype, MMA_T)       # dims 2r, 2r + 1 of tokens 2c, 2c + 1
@@ -324,6 +336,44 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
             qa[4 * i + 1] = w1
             qa[4 * i + 2] = w2
             qa[4 * i + 3] = w3
+
+    @device_function
+    def load_a8(qa, query, seq, h, valid, c):
+        """``qk_fp8``: query row ``h`` (zeros unless ``valid``) quantised to
+        E4M3 codes, ``x / s`` rounded to nearest even with ``s = max |x| / 448``
+        over the row (1 for a row of zeros; NaN where the row holds a NaN or an
+        infinity, so that its codes and logits are NaN): word ``v`` holds dims
+        ``16 v + 4 c .. 16 v + 4 c + 3`` (the lowest in the lowest byte), so that
+        the 32-dim k-step ``kk`` takes words ``2 kk`` (its dims ``4c ..``) and ``2 kk
+        + 1`` (dims ``16 + 4c ..``), as the keys' ldmatrix gives the codes.
+        Returns ``s`` (the same in the row's four lanes)."""
+        amax = float32(0.0)
+        bad = float32(0.0)
+        for v in range(D // 16):     # the row's largest magnitude (read again below)
+            for i in range(4):
+                x = float32(0.0)
+                if valid:
+                    x = to_f32_any(query[seq, h, 16 * v + 4 * c + i])
+                ax = abs(x)
+                if not ax <= FLT_MAX:          # NaN or an infinity
+                    bad = float32(1.0)
+                elif ax > amax:
+                    amax = ax
+        amax = quad_max(amax)
+        s = float32(1.0)
+        if amax > float32(0.0):
+            s = amax / float32(QK_MAX)
+        if quad_max(bad) > float32(0.0):
+            s = float32(math.nan)
+        for v in range(D // 16):
+            w = uint32(0)
+            for i in range(4):
+                x = float32(0.0)
+                if valid:
+                    x = to_f32_any(query[seq, h, 16 * v + 4 * c + i])
+                w |= uint32(encode_q(x / s)) << uint32(8 * i)
+            qa[v] = w
+        return s
 
     @device_function
     def weights(d0, d1, valid, slope, m_run, l_run, t0, start, end, qpos, qscale, soft_cap,

@@ -15,6 +15,25 @@ b3)``, for a word ``ldmatrix.trans`` made of 16-bit pairs of two rows
 one column's two rows, the ``A`` fragment of ``mma.m16n8k8`` when the rows
 are its ``K`` index.
 
+``mma_m16n8k32(afmt, bfmt)`` returns ``mma(a0, a1, a2, a3, b0, b1, c0, c1, c2,
+c3) -> (d0, d1, d2, d3)``: ``D = A @ B + C`` for a 16 x 32 ``A`` of
+``afmt`` codes, a 32 x 8 ``B`` of ``bfmt`` codes and float32 ``C``, ``D``
+(``mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32``, sm_89+). Each
+word holds four codes, the lowest index in the lowest byte; with ``r =
+lane // 4`` and ``c = lane % 4``::
+
+    a0 = A[r, 4c:4c+4]      a1 = A[r+8, 4c:4c+4]
+    a2 = A[r, 4c+16:4c+20]  a3 = A[r+8, 4c+16:4c+20]
+    b0 = B[4c:4c+4, r]      b1 = B[4c+16:4c+20, r]
+
+and ``C``, ``D`` as in :func:`paged_numba.kernels.mma.mma_m16n8k16`. A key
+``ldmatrix`` word of a row of codes (dims ``4c .. 4c + 3`` of a 16-dim
+vector) is therefore a B word as it stands: no conversion. The products of
+two codes are exact; the tensor cores add them to ``C`` with fewer bits
+than float32 (see :data:`paged_numba.testing.bounds.FP8_TENSOR_CORE_U`).
+Under the simulator the lanes' codes are decoded and the product taken in
+float64, rounded to float32.
+
 ``mma`` ("float16" or "bfloat16") is the fragment type. The conversion is
 exact for both formats (every E4M3 and E5M2 value is an fp16 and a bf16
 value, NaN stays NaN, E5M2's infinities stay infinite). On the GPU one
@@ -54,6 +73,12 @@ def _check(fmt, mma):
                          f"{tuple(FORMATS)}, fragment types {MMA_TYPES}")
 
 
+def _check_formats(afmt, bfmt):
+    if afmt not in FORMATS or bfmt not in FORMATS:
+        raise ValueError(f"no fp8 tensor-core product of {afmt!r} and {bfmt!r}; formats "
+                         f"{tuple(FORMATS)}")
+
+
 if config.ENABLE_CUDASIM:
 
     @functools.cache
@@ -63,6 +88,35 @@ if config.ENABLE_CUDASIM:
         if mma == "float16":
             return values.astype(np.float16).view(np.uint16).astype(np.uint32)
         return (values.view(np.uint32) >> 16).astype(np.uint32)   # exact: 3 or 2 mantissa bits
+
+    @functools.cache
+    def mma_m16n8k32(afmt, bfmt):
+        _check_formats(afmt, bfmt)
+        from .._simulator import _rendezvous
+        ta = np.asarray(decode_table(afmt), np.float64)
+        tb = np.asarray(decode_table(bfmt), np.float64)
+
+        def codes(w):
+            return [(int(w) >> (8 * i)) & 0xFF for i in range(4)]
+
+        def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            lane, _, frags = _rendezvous(0xFFFFFFFF, "mma", ((a0, a1, a2, a3), (b0, b1)))
+            A = np.zeros((16, 32))
+            B = np.zeros((32, 8))
+            for ln, (a, b) in frags.items():
+                r, c = divmod(ln, 4)
+                A[r, 4 * c:4 * c + 4] = ta[codes(a[0])]
+                A[r + 8, 4 * c:4 * c + 4] = ta[codes(a[1])]
+                A[r, 4 * c + 16:4 * c + 20] = ta[codes(a[2])]
+                A[r + 8, 4 * c + 16:4 * c + 20] = ta[codes(a[3])]
+                B[4 * c:4 * c + 4, r] = tb[codes(b[0])]
+                B[4 * c + 16:4 * c + 20, r] = tb[codes(b[1])]
+            r, c = divmod(lane, 4)
+            with np.errstate(invalid="ignore", over="ignore"):
+                d = A[[r, r, r + 8, r + 8]] @ B[:, [2 * c, 2 * c + 1, 2 * c, 2 * c + 1]]
+                out = np.diagonal(d) + np.array([c0, c1, c2, c3], dtype=np.float64)
+                return tuple(np.float32(x) for x in out)
+        return mma
 
     def _converter(fmt, mma, cross):
         _check(fmt, mma)
@@ -98,6 +152,17 @@ else:
                      + _half_to_bf16("a", "$0") + _half_to_bf16("b", "$1"))
         return ("{\n\t.reg .b16 l, h, e, f;\n\t.reg .b32 t, a, b;\n\t.reg .f32 x, y;\n"
                 + body + "}")
+
+    @functools.cache
+    def mma_m16n8k32(afmt, bfmt):
+        _check_formats(afmt, bfmt)
+        from .mma import _mma_intrinsic
+
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            return _mma_intrinsic("m16n8k32", afmt, 6, bfmt)(typingctx, a0, a1, a2, a3, b0, b1,
+                                                             c0, c1, c2, c3)
+        return mma
 
     def _converter(fmt, mma, cross):
         _check(fmt, mma)

@@ -191,13 +191,17 @@ else:
 
         return sig, codegen
 
-    def _mma_intrinsic(shape, dtype, words):
+    _KINDS = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3",
+              "float8_e5m2": "e5m2"}
+
+    def _mma_intrinsic(shape, dtype, words, btype=None):
         """An ``mma.sync.aligned.<shape>.row.col`` f32 += ``dtype`` intrinsic taking
-        ``words`` uint32 fragment words (A then B) and four float32 C values."""
-        kind = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+        ``words`` uint32 fragment words (A then B) and four float32 C values
+        (``btype``: B's type where it differs from A's, fp8 formats)."""
+        kind, bkind = _KINDS[dtype], _KINDS[btype or dtype]
         na = words - (1 if shape == "m16n8k8" else 2)
         ops = [f"${e}" for e in range(4 + words + 4)]
-        text = (f"mma.sync.aligned.{shape}.row.col.f32.{kind}.{kind}.f32 "
+        text = (f"mma.sync.aligned.{shape}.row.col.f32.{kind}.{bkind}.f32 "
                 f"{{{','.join(ops[:4])}}}, {{{','.join(ops[4:4 + na])}}}, "
                 f"{{{','.join(ops[4 + na:4 + words])}}}, {{{','.join(ops[4 + words:])}}};")
         constraints = ",".join(["=f"] * 4 + ["r"] * words + ["f"] * 4)

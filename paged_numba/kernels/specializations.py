@@ -118,6 +118,14 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         sig = decode_signatures(fmt, layout, q_dtype)[int(split)]
         yield (f"decode_tc hs={hs} bs=16 hpb=4 {layout} {fmt} q={q_dtype} out={sig[0].dtype} "
                f"threads={threads}"), kernel, sig
+    # ... and with Q K^T in fp8 (E4M3 queries times the codes), unsplit and split
+    for fmt, split, q_dtype in (("float8_e4m3fn", False, "float16"),
+                                ("float8_e5m2", True, "bfloat16")):
+        kernel, threads, _ = decode_launch(128, 16, 4, fmt, "nhd", split, tensor_cores=True,
+                                           query_dtype=q_dtype, qk_fp8=True)
+        sig = decode_signatures(fmt, "nhd", q_dtype)[int(split)]
+        yield (f"decode_tc hs=128 bs=16 hpb=4 nhd {fmt} q={q_dtype} out={sig[0].dtype} "
+               f"qk_fp8 threads={threads}"), kernel, sig
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, _vector_width(dtype))
         for slot_dtype in ("int64", "int32"):

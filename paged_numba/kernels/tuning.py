@@ -130,7 +130,7 @@ def tensor_cores_apply(head_size, hpb, dtype, layout, query_dtype=None, pv_mma=N
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                   tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None, pv_mma=None,
-                  key_rows=None, query_dtype=None):
+                  key_rows=None, query_dtype=None, qk_fp8=False):
     """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
     ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
@@ -147,7 +147,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     faster); the CUDA-core kernel ignores both. An fp8 cache (``query_dtype``
     the queries' dtype name) takes the tensor-core kernel with both variants,
     for float16 and bfloat16 queries; with float32 queries, or either variant
-    False, the CUDA-core kernel."""
+    False, the CUDA-core kernel. ``qk_fp8`` (fp8 caches on the tensor-core
+    kernel only): ``Q K^T`` of E4M3 queries and the codes as stored."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     fp8 = dtype in decode_tc.FP8_DTYPES
@@ -158,6 +159,10 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                          f"{decode_tc.FP8_LAYOUTS} and pv_mma, key_rows not False, but got "
                          f"{query_dtype} queries, head_size={head_size}, {layout!r}, "
                          f"pv_mma={pv_mma}, key_rows={key_rows}.")
+    if qk_fp8 and not (fp8 and usable and tensor_cores is not False):
+        raise ValueError(f"qk_fp8=True needs an fp8 cache on the tensor-core decode kernel, but "
+                         f"got {dtype}, {query_dtype} queries, {layout!r}, "
+                         f"head_size={head_size}, tensor_cores={tensor_cores}.")
     if hpb > decode_tc.MAX_HPB and (not usable or tensor_cores is False):
         raise ValueError(f"heads_per_block={hpb} needs the tensor-core kernel, which does not "
                          f"take this launch ({dtype}, {query_dtype} queries, {layout!r}, "
@@ -174,7 +179,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         variant = dict(pv_mma=True if pv_mma is None else bool(pv_mma),
                        key_rows=not split if key_rows is None else bool(key_rows))
         if fp8:
-            variant = dict(pv_mma=True, key_rows=True, query_dtype=query_dtype)
+            variant = dict(pv_mma=True, key_rows=True, query_dtype=query_dtype,
+                           **({"qk_fp8": True} if qk_fp8 else {}))
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
         signature = decode_signatures(dtype, layout, query_dtype or "float16")[int(split)]

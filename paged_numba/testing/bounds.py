@@ -26,6 +26,12 @@ U32 = 2.0 ** -24   # unit roundoff of float32, the precision every kernel comput
 # "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): the dot products
 # of the tensor-core decode kernel are bounded with 4 units of fp32 roundoff.
 TENSOR_CORE_U = 4 * U32
+# fp8 products (``mma.m16n8k32`` of E4M3 / E5M2 codes, ``DecodePlan(qk_fp8=True)``):
+# each product of two codes is exact, but Hopper's tensor cores keep about 14
+# bits when they add fp8 products into the fp32 accumulator (DeepSeek-AI,
+# "DeepSeek-V3 Technical Report", 2024, section 3.3.2), so each term is
+# bounded with a unit of 2**-13 of the largest one.
+FP8_TENSOR_CORE_U = 2.0 ** -13
 # P @ V on tensor cores (``decode_tc_kernel(pv_mma=True)``, the default): each
 # 8-token step is two ``mma.m16n8k8`` into the running output, one with the
 # hi and one with the lo half of the weights (``kernels.mma.split_pack``).
@@ -169,7 +175,7 @@ def attention_error_bound(q, k, v, scale, num_merges=1, transcendental_ulps=8, d
 
 
 def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None,
-                  group_kernel=None, **variants):
+                  group_kernel=None, qk_fp8=False, **variants):
     """:func:`attention_error_bound` for every sequence of a :class:`DecodeProblem`.
 
     Merges counted: one per token (the decode kernel rescales its running
@@ -188,7 +194,10 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     ``k`` and ``v`` are the dequantised pools (``stored * scale``, float64) and
     the kernel's two scale multiplications count as ``scale_roundings=1``; with
     float16 or bfloat16 queries at the head sizes the tensor-core kernel takes,
-    its products are in the query's type (the codes convert exactly).
+    its products are in the query's type (the codes convert exactly). With
+    ``qk_fp8`` (``q`` the quantised queries, e.g. from
+    :func:`paged_numba.fp8.quantize_rows`) the logits are bounded with
+    :data:`FP8_TENSOR_CORE_U`, and the row's own scale is one rounding more.
 
     Parameters
     ----------
@@ -203,6 +212,8 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     group_kernel : {"tile", "wgmma"}, optional
         As given to :class:`~paged_numba.DecodePlan`: named, groups of 16 run
         on the prefill tile too (either tile: the same arithmetic).
+    qk_fp8 : bool
+        As given to :class:`~paged_numba.DecodePlan` (an fp8 problem).
     **variants
         As in :func:`attention_error_bound`.
 
@@ -237,7 +248,7 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     # MQA and groups of 32 or more run on the tensor-core prefill tile: its bound
     tile = tile_heads(group, problem.head_size, problem.dtype, problem.layout,
                       *(() if group_kernel is None else (NAMED_MIN_GROUP,)))
-    dot_u = TENSOR_CORE_U if tc else U32
+    dot_u = FP8_TENSOR_CORE_U if qk_fp8 else TENSOR_CORE_U if tc else U32
     bound = np.zeros(q.shape)
     bound_lse = np.zeros(q.shape[:2])
     for i, n in enumerate(problem.seq_lens):
@@ -253,7 +264,8 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
             pv = (steps, *PV_WEIGHT_ERROR[mma_dtype])
         bound[i], bound_lse[i] = attention_error_bound(q[i], kk, vv, scale, int(n) + num_partitions,
                                                        dot_u=dot_u, pv=pv,
-                                                       scale_roundings=int(fp8), **variants)
+                                                       scale_roundings=int(fp8) + int(qk_fp8),
+                                                       **variants)
     return bound, bound_lse
 
 

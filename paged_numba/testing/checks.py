@@ -115,7 +115,7 @@ def check_attention(q, out, lse, ref, ref_lse, bound, bound_lse):
 
 
 def decode_reference(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None,
-                     group_kernel=None, **variants):
+                     group_kernel=None, qk_fp8=False, **variants):
     """float64 ``(out, lse)`` and their error bounds ``(bound, bound_lse)`` for a
     :class:`DecodeProblem` (``k``, ``v`` are ``"nhd"`` pools); ``variants`` as in
     :func:`paged_numba.reference.logits`.
@@ -126,7 +126,7 @@ def decode_reference(problem, q, k, v, scale=None, num_partitions=None, pv_mma=N
     q : array, ``[num_seqs, num_heads, head_size]``
     k, v : array, ``[num_blocks, block_size, num_kv_heads, head_size]`` each
     scale : float, optional
-    num_partitions, pv_mma, group_kernel : optional
+    num_partitions, pv_mma, group_kernel, qk_fp8 : optional
         As in :func:`decode_bounds`.
 
     Returns
@@ -152,7 +152,7 @@ def decode_reference(problem, q, k, v, scale=None, num_partitions=None, pv_mma=N
     out, lse = paged_decode_reference(q, k, v, problem.block_tables, problem.seq_lens, scale,
                                       "nhd", **variants)
     return out, lse, *decode_bounds(problem, q, k, v, scale, num_partitions, pv_mma,
-                                    group_kernel, **variants)
+                                    group_kernel, qk_fp8, **variants)
 
 
 
