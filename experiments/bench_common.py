@@ -1,5 +1,7 @@
 """What the benchmark scripts share: run ids, CSV output, an L2-flushing timer,
-and FlashInfer as a peer.
+the device's copy bandwidth, decode's check against SDPA, FlashInfer as a
+peer, and the plans' kernels built without the device guard (``--guard-cost``:
+:func:`decode_without_guard`, :func:`prefill_without_guard`).
 
 FlashInfer is a benchmark-only, optional import: :func:`import_flashinfer`
 returns None (and prints why) when it is missing, and the scripts then skip
@@ -82,6 +84,58 @@ def flushed_time(call, reps, warmup=3):
     return statistics.median(a.elapsed_time(b) * 1e3 for a, b in events)
 
 
+def copy_gbps(nbytes=2**31, reps=20):
+    """Device-to-device copy bandwidth, bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 3):   # plain stream ops: a graph's memcpy node is slower than the copy
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return 2 * nbytes / statistics.median(times[3:]) / 1e3
+
+
+# -- decode against SDPA (GPU) -----------------------------------------------------------
+
+def torch_pools(cache):
+    """The cache's K and V pools as torch tensors of its dtype (fp8 pools hold
+    uint8 codes: viewed as torch's float8 of the same format)."""
+    import torch
+
+    pools = tuple(torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
+    if cache.dtype.name.startswith("float8"):
+        pools = tuple(p.view(getattr(torch, cache.dtype.name)) for p in pools)
+    return pools
+
+
+def check_against_sdpa(cache, query, table, context, out, seqs=2):
+    """Largest |paged_numba - SDPA in fp32| over the first ``seqs`` sequences
+    (an "nhd" cache gathered through the table, fp8 codes times their scales): a
+    sanity check of the timed kernel on the timed shapes; the test suite does
+    the real checking."""
+    import torch
+
+    if cache.layout != "nhd":
+        return float("nan")
+    kpool, vpool = (p.float() for p in torch_pools(cache))
+    if cache.dtype.name.startswith("float8"):
+        scales = torch.as_tensor(cache.kv_scales, device="cuda")        # [2, num_kv_heads]
+        kpool, vpool = kpool * scales[0, :, None], vpool * scales[1, :, None]
+    q = torch.as_tensor(query, device="cuda")[:seqs].float()
+    tab = torch.as_tensor(table, device="cuda")[:seqs].long()
+    k = kpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)   # [s, kvh, ctx, d]
+    v = vpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
+    got = torch.as_tensor(out, device="cuda")[:seqs].float()
+    return float((got - ref[:, :, 0]).abs().max())
+
+
 # -- FlashInfer (GPU) ---------------------------------------------------------------------
 
 def import_flashinfer():
@@ -115,3 +169,57 @@ def flashinfer_workspace():
     import torch
 
     return torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+
+# -- the device guard's cost (GPU) --------------------------------------------------------
+
+def decode_without_guard(plans):
+    """Give ``DecodePlan`` s that have not run yet the kernel of their launch
+    built with ``guard=False`` (table ids and lengths taken as they are: only
+    valid inputs); return None, or why not (the prefill tile of MQA and large
+    groups, or the CUDA-core kernel: neither has that form)."""
+    from paged_numba._decode_launch import _cache_launch
+
+    for plan in plans:
+        if plan._group is not None:
+            return f"the prefill tile ({plan._group.kind}) runs this decode"
+        if not plan.tensor_cores:
+            return "the CUDA-core decode kernel runs this plan"
+        if plan._inputs is not None:
+            return "the plan has run (its launch is packed)"
+        if _cache_launch(plan.cache, *plan._launch_args)[0] is not plan._kernel:
+            return "the plan's kernel is not the one its launch arguments build"
+        kernel, threads, _ = _cache_launch(plan.cache, *plan._launch_args, guard=False)
+        assert threads == plan._threads and kernel is not plan._kernel
+        plan._kernel = kernel
+    return None
+
+
+def prefill_without_guard(plan):
+    """Give a ``PrefillPlan`` that has not run yet its tensor-core kernel built
+    with ``guard=False`` (as the plan builds it: query dtype, fp8 cache,
+    ``kernel_options``); return None, or why it cannot (the CUDA-core kernel
+    has no such form)."""
+    import numpy as np
+
+    from paged_numba.fp8 import is_fp8
+    from paged_numba.kernels import prefill_tc
+
+    if not plan.tensor_cores:
+        return "the CUDA-core prefill kernel runs this plan"
+    if plan._inputs is not None:
+        return "the plan has run (its launch is packed)"
+    c = plan.cache
+    args = (c.head_size, c.block_size, plan.heads_per_block, plan.block_n,
+            np.dtype(plan.query_dtype).name, c.layout, plan.num_warps)
+    options = dict(plan.kernel_options, **(dict(kv_dtype=c.dtype.name) if is_fp8(c.dtype)
+                                           else {}))
+    if prefill_tc.prefill_tc_kernel(*args, **options) is not plan._kernel:
+        return "the plan's kernel is not the one its options build"
+    plan._kernel = prefill_tc.prefill_tc_kernel(*args, **options, guard=False)
+    return None
+
+
+def guard_cost(us, noguard_us):
+    """The guard's cost in percent, ``100 * (us / noguard_us - 1)``, as text."""
+    return f"{100 * (us / noguard_us - 1):+.2f} %"

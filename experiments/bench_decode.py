@@ -25,6 +25,15 @@ decides); the other setting is timed too, as ``flashinfer_tc`` or
 ``flashinfer_cc``, except where its CUDA-core kernel has no such group
 (it has 1, 2, 3, 4 and 8). ``impl_detail`` says which backend ran.
 
+The device guard's cost (``--guard-cost``, with ``paged_numba``): next to each
+``paged_numba`` row a ``paged_numba_noguard`` row, the same plans on the same
+data with the tensor-core kernel built with ``guard=False`` (``impl_detail``
+says so; its output is checked bit for bit against the guarded one's), timed
+right after it the same way; ``ratio_to_noguard`` of the ``paged_numba`` row
+minus 1 is the guard's cost, printed in percent after each case. Plans on the
+prefill tile (MQA, large groups) or the CUDA-core kernel get no such row (a
+printed note says why).
+
 Method: inputs are rotated so that the bytes touched per timed pass exceed
 the L2 several times; each implementation's calls are captured in a CUDA
 graph (one call per rotation) and the graph is replayed, timed with CUDA
@@ -54,8 +63,9 @@ import torch
 from numba import cuda
 
 import paged_numba as pn
-from bench_common import (csr_pages, flashinfer_workspace, import_flashinfer, new_run_id, ratio,
-                          write_rows)
+from bench_common import (  # noqa: F401 (copy_gbps: other scripts import it from here)
+    check_against_sdpa, copy_gbps, csr_pages, decode_without_guard, flashinfer_workspace,
+    guard_cost, import_flashinfer, new_run_id, ratio, torch_pools, write_rows)
 
 HEADLINE = [(1, 32768), (16, 4096), (64, 4096), (256, 2048), (128, 8192)]
 GROUPS = {"mqa-64x4096": (64, 4096, 32, 1), "group16-64x4096": (64, 4096, 64, 4)}
@@ -67,8 +77,8 @@ QUEUE_CYCLES = 200_000   # spin before each timed replay (~0.1 ms, longer than s
 QUEUED = True      # False: --idle-start
 FIELDS = ["run_id", "gpu", "impl", "case", "batch", "context", "num_heads", "num_kv_heads",
           "head_size", "block_size", "dtype", "kv_dtype", "layout", "table", "num_partitions", "us", "gbps",
-          "pct_copy_bw", "ratio_to_sdpa", "ratio_to_flashinfer", "host_us", "copy_gbps",
-          "impl_detail", "timing", "max_err", "command"]
+          "pct_copy_bw", "ratio_to_sdpa", "ratio_to_flashinfer", "ratio_to_noguard", "host_us",
+          "copy_gbps", "impl_detail", "timing", "max_err", "command"]
 
 
 def graph_time(calls, reps):
@@ -126,52 +136,8 @@ def event_time(calls, reps):
     return statistics.median(times)
 
 
-def copy_gbps(nbytes=2**31, reps=20):
-    """Device-to-device copy bandwidth, bytes read plus bytes written."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps + 3):   # plain stream ops: a graph's memcpy node is slower than the copy kernel
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return 2 * nbytes / statistics.median(times[3:]) / 1e3
-
-
 def kv_bytes(batch, context, num_kv_heads, head_size, itemsize):
     return 2 * batch * context * num_kv_heads * head_size * itemsize
-
-
-def torch_pools(cache):
-    """The cache's K and V pools as torch tensors of its dtype (fp8 pools hold
-    uint8 codes: viewed as torch's float8 of the same format)."""
-    pools = tuple(torch.as_tensor(p, device="cuda") for p in (cache.key_cache, cache.value_cache))
-    if cache.dtype.name.startswith("float8"):
-        pools = tuple(p.view(getattr(torch, cache.dtype.name)) for p in pools)
-    return pools
-
-
-def check_against_sdpa(cache, query, table, context, out, seqs=2):
-    """Largest |paged_numba - SDPA in fp32| over the first ``seqs`` sequences
-    (an "nhd" cache gathered through the table, fp8 codes times their scales): a
-    sanity check of the timed kernel on the timed shapes; the test suite does
-    the real checking."""
-    if cache.layout != "nhd":
-        return float("nan")
-    kpool, vpool = (p.float() for p in torch_pools(cache))
-    if cache.dtype.name.startswith("float8"):
-        scales = torch.as_tensor(cache.kv_scales, device="cuda")        # [2, num_kv_heads]
-        kpool, vpool = kpool * scales[0, :, None], vpool * scales[1, :, None]
-    q = torch.as_tensor(query, device="cuda")[:seqs].float()
-    tab = torch.as_tensor(table, device="cuda")[:seqs].long()
-    k = kpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)   # [s, kvh, ctx, d]
-    v = vpool[tab].flatten(1, 2)[:, :context].float().transpose(1, 2)
-    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
-    got = torch.as_tensor(out, device="cuda")[:seqs].float()
-    return float((got - ref[:, :, 0]).abs().max())
 
 
 def flashinfer_rows(fi, cache, qts, tab_ts, context, reps):
@@ -235,12 +201,13 @@ def flashinfer_rows(fi, cache, qts, tab_ts, context, reps):
 
 def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size, dtype,
                  kv_dtype=None, layout="nhd", tables=("random", "identity"), partitions=(None,),
-                 reps=30, sdpa=True, tuning=None, numba=True, fi=None):
+                 reps=30, sdpa=True, tuning=None, numba=True, fi=None, guard_cost=False):
     """Time one configuration; return a list of result dicts. ``dtype`` is the
     queries' (and SDPA's), ``kv_dtype`` the cache's (default ``dtype``; fp8: the
     pools hold fp16 normals rounded to it, scales 1). ``numba=False`` leaves
     paged_numba out; ``fi``, the flashinfer module, adds its rows (on the
-    random table of an "nhd" cache)."""
+    random table of an "nhd" cache); ``guard_cost`` a ``paged_numba_noguard``
+    row after each ``paged_numba`` one where the plan can drop the guard."""
     kv_dtype = kv_dtype or dtype
     tdtype = getattr(torch, dtype)
     itemsize = torch.finfo(tdtype).bits // 8
@@ -263,6 +230,26 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
            for _ in range(rot)]
     queries = [cuda.as_cuda_array(q) for q in qts]
     rows = []
+
+    def new_plans(parts):
+        return [pn.DecodePlan(cache, batch, num_heads, blocks_per_seq, num_partitions=parts,
+                              **(tuning or {})) for _ in range(rot)]
+
+    def time_plans(plans, tabs):
+        """``(us, host_us, max_err)`` of the plans' runs (the first packs them)."""
+        for plan, q, t in zip(plans, queries, tabs):
+            plan.run(q, t, lens, validate=True)
+        torch.cuda.synchronize()
+        err = check_against_sdpa(cache, queries[0], tabs[0], context, plans[0].out)
+        start = time.perf_counter()
+        for _ in range(200):
+            plans[0].run(queries[0], tabs[0], lens)
+        host_us = (time.perf_counter() - start) / 200 * 1e6
+        torch.cuda.synchronize()
+        calls = [lambda p=p, q=q, t=t: p.run(q, t, lens, stream=torch.cuda.current_stream())
+                 for p, q, t in zip(plans, queries, tabs)]
+        return graph_time(calls, reps), host_us, err
+
     for table_kind in tables:
         order = (torch.randperm(num_blocks, device="cuda") if table_kind == "random"
                  else torch.arange(num_blocks, device="cuda"))
@@ -270,21 +257,8 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
                   .reshape(batch, blocks_per_seq).to(torch.int32).contiguous() for r in range(rot)]
         tabs = [cuda.as_cuda_array(t) for t in tab_ts]
         for parts in (partitions if numba else ()):
-            plans = [pn.DecodePlan(cache, batch, num_heads, blocks_per_seq, num_partitions=parts,
-                                   **(tuning or {}))
-                     for _ in range(rot)]
-            for plan, q, t in zip(plans, queries, tabs):
-                plan.run(q, t, lens, validate=True)
-            torch.cuda.synchronize()
-            err = check_against_sdpa(cache, queries[0], tabs[0], context, plans[0].out)
-            start = time.perf_counter()
-            for _ in range(200):
-                plans[0].run(queries[0], tabs[0], lens)
-            host_us = (time.perf_counter() - start) / 200 * 1e6
-            torch.cuda.synchronize()
-            calls = [lambda p=p, q=q, t=t: p.run(q, t, lens, stream=torch.cuda.current_stream())
-                     for p, q, t in zip(plans, queries, tabs)]
-            us = graph_time(calls, reps)
+            plans = new_plans(parts)
+            us, host_us, err = time_plans(plans, tabs)
             merge_us = ""
             if plans[0]._merge is not None:     # the split-K merge alone
                 merge_us = graph_time([lambda p=p: p._merge(torch.cuda.current_stream())
@@ -299,6 +273,18 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
                              num_partitions=plans[0].num_partitions, us=us, host_us=host_us,
                              merge_us=merge_us,
                              regs=regs, tuning=tuning, max_err=err))
+            bare = new_plans(parts) if guard_cost else []
+            why = bare and decode_without_guard(bare)
+            if why:
+                print(f"paged_numba_noguard: skipped ({why})", flush=True)
+            elif bare:      # the same plans, the kernel without the guard: the same bits
+                us, host_us, err = time_plans(bare, tabs)
+                same = np.array_equal(*(p.out.copy_to_host().view(np.uint8)
+                                        for p in (plans[0], bare[0])))
+                detail = ", guard=False" + ("" if same else ", OUTPUT DIFFERS")
+                rows.append(dict(rows[-1], impl="paged_numba_noguard", us=us, host_us=host_us,
+                                 max_err=err, merge_us="", regs="",
+                                 impl_detail=rows[-1]["impl_detail"] + detail))
         if fi is not None and table_kind == "random" and layout == "nhd":
             rows += flashinfer_rows(fi, cache, qts, tab_ts, context, reps)
     if sdpa:
@@ -313,7 +299,6 @@ def bench_config(batch, context, num_heads, num_kv_heads, head_size, block_size,
         rows.append(dict(impl="torch_sdpa_contiguous", table="contiguous", num_partitions="",
                          us=us, host_us="", kv_dtype=dtype))
         del ks, vs
-    del cache
     for r in rows:
         r.setdefault("kv_dtype", kv_dtype)
         kv_size = torch.finfo(getattr(torch, r["kv_dtype"])).bits // 8
@@ -426,6 +411,9 @@ def main():
                          "kernel alone, print only")
     ap.add_argument("--once", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                     help="build and run one headline-style configuration (for a profiler)")
+    ap.add_argument("--guard-cost", action="store_true",
+                    help="with paged_numba: also time it without the device guard "
+                         "(paged_numba_noguard rows), not for --grid full")
     ap.add_argument("--idle-start", action="store_true",
                     help="start each timed replay on an idle device (the method before "
                          "2026-11-30; counts the host's graph submission)")
@@ -461,6 +449,8 @@ def main():
         bench_config(b, c, 32, 8, 128, 16, "float16", tables=("random",), sdpa=False, reps=1)
         return
     if args.grid == "full":
+        if args.guard_cost:
+            raise SystemExit("--guard-cost is for the case grids, not --grid full")
         return full_grid(args)
     todo = cases(args.grid)
     plan_args = {k: v for k, v in (("heads_per_block", args.heads_per_block),
@@ -480,21 +470,29 @@ def main():
             continue
         try:
             got = bench_config(*cfg, reps=args.reps, sdpa="torch_sdpa" in args.impls,
-                               numba="paged_numba" in args.impls, fi=fi, tuning=plan_args)
+                               numba="paged_numba" in args.impls, fi=fi, tuning=plan_args,
+                               guard_cost=args.guard_cost)
         except Exception:  # noqa: BLE001 - keep the other cases' rows
             traceback.print_exc()
             continue
         peer = {r["impl"]: r["us"] for r in got}
+        bare = {r["table"]: r["us"] for r in got if r["impl"] == "paged_numba_noguard"}
         for r in got:
             r.update(run_id=run_id, gpu=gpu, case=case, pct_copy_bw=100 * r["gbps"] / bw,
                      copy_gbps=bw, ratio_to_sdpa=ratio(r["us"], peer.get("torch_sdpa_contiguous")),
-                     ratio_to_flashinfer=ratio(r["us"], peer.get("flashinfer")), command=command)
+                     ratio_to_flashinfer=ratio(r["us"], peer.get("flashinfer")), command=command,
+                     ratio_to_noguard=(ratio(r["us"], bare.get(r["table"]))
+                                       if r["impl"].startswith("paged_numba") else ""))
             r.setdefault("timing", "graph")
             print(f"{r['impl']:>22} {case:>16} {r['table']:>10} P={r['num_partitions']!s:<3} "
                   f"{r['us']:8.1f} us {r['gbps']:7.0f} GB/s {r['pct_copy_bw']:5.1f}% copy  "
                   f"x{fmt(r['ratio_to_sdpa'])} SDPA  x{fmt(r['ratio_to_flashinfer'])} FlashInfer  "
                   f"host {fmt(r['host_us'], 1)} us err {r.get('max_err', '')} "
                   f"{r.get('impl_detail', '')}", flush=True)
+        for r in got:
+            if r["impl"] == "paged_numba" and r["table"] in bare:
+                print(f"guard cost {case} {r['table']}: {guard_cost(r['us'], bare[r['table']])}",
+                      flush=True)
         rows += got
         write_rows(args.out, FIELDS, rows, 3)   # after each case: a run cut short keeps them
 

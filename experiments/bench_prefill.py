@@ -3,6 +3,7 @@
     python3 experiments/bench_prefill.py --check          # check against SDPA, then time
     python3 experiments/bench_prefill.py --cases causal-8x2048 --impls paged_numba torch_sdpa
     python3 experiments/bench_prefill.py --tuning         # time tilings of the prefill kernel
+    python3 experiments/bench_prefill.py --guard-cost     # paged_numba with and without the guard
     python3 experiments/bench_prefill.py --plan-options \
         '{"num_warps": 8, "block_n": 64, "kernel_options": {"wgmma": true, "swizzle": true}}'
     python3 experiments/bench_prefill.py --selftest       # no GPU: FLOP formula, cases, CSR
@@ -46,14 +47,21 @@ Implementations (``--impls``; each row of the CSV is one implementation on one c
   always compared with SDPA's (a peer fed the wrong pages would time fine).
   FlashInfer compiles its kernels on first use (one module per backend,
   dtype and head size) into ``.cache/flashinfer`` below
-  ``FLASHINFER_WORKSPACE_BASE`` (``$HOME`` by default).
+  ``FLASHINFER_WORKSPACE_BASE`` (``$HOME`` by default);
+* ``paged_numba_noguard`` (with ``--guard-cost`` and ``paged_numba``): the same
+  plan on the same data with its tensor-core kernel built with ``guard=False``
+  (``impl_detail`` says so), timed right after ``paged_numba``; its output is
+  compared bit for bit with ``paged_numba``'s. The ``paged_numba`` row's
+  ``ratio_to_noguard`` minus 1 is the device guard's cost, printed in percent
+  after each case. A plan on the CUDA-core kernel gets no such row (a printed
+  note says why).
 
 Method: each implementation is warmed up (3 calls), then ``--reps`` calls are
 timed with CUDA events, each after a 256 MB write that evicts the L2 (outside
 the events), as ``triton.testing.do_bench`` does; the calls are queued back
-to back and the median is reported. ``ratio_to_sdpa``, ``ratio_to_fa2`` and
-``ratio_to_fa3`` are this row's time over the peer's on the same case in the
-same run (blank when the peer did not run).
+to back and the median is reported. ``ratio_to_sdpa``, ``ratio_to_fa2``,
+``ratio_to_fa3`` and ``ratio_to_noguard`` are this row's time over the peer's
+on the same case in the same run (blank when the peer did not run).
 
 FLOPs: ``4 * head_size * num_heads * pairs``, where ``pairs`` counts the
 admitted (query, key) pairs: a sequence with ``n`` queries over ``L`` keys
@@ -68,17 +76,18 @@ import traceback
 
 import numpy as np
 
-from bench_common import flushed_time, import_flashinfer, new_run_id, print_table, ratio, write_rows
+from bench_common import (flushed_time, guard_cost, import_flashinfer, new_run_id, print_table,
+                          ratio, write_rows)
 from prefill_problem import Problem, cu_seqlens, flashinfer_caller, numba_caller, sdpa_caller
 
 FIELDS = ["run_id", "gpu", "impl", "impl_detail", "case", "dtype", "kv_dtype", "head_size",
           "block_size",
           "num_heads", "num_kv_heads", "batch", "q_tokens", "kv_tokens", "pairs", "us", "tflops",
-          "ratio_to_sdpa", "ratio_to_fa2", "ratio_to_fa3", "check_max_err", "tiling", "regs",
-          "command"]
+          "ratio_to_sdpa", "ratio_to_fa2", "ratio_to_fa3", "ratio_to_noguard", "check_max_err",
+          "tiling", "regs", "command"]
 IMPLS = ["paged_numba", "torch_sdpa", "flashinfer_fa2", "flashinfer_fa3"]
 PEERS = {"ratio_to_sdpa": "torch_sdpa", "ratio_to_fa2": "flashinfer_fa2",
-         "ratio_to_fa3": "flashinfer_fa3"}
+         "ratio_to_fa3": "flashinfer_fa3", "ratio_to_noguard": "paged_numba_noguard"}
 MODEL = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="float16",
              kv_dtype="")     # kv_dtype: the cache's, when not dtype (fp8)
 TOLERANCE = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}   # max |out - SDPA|
@@ -127,6 +136,15 @@ def cases(name):
         return {"causal-2x512": case([512] * 2, [512] * 2), "chunked-mix-small": case(*small),
                 "chunked-mix-small-bf16": case(*small, dtype="bfloat16")}
     raise SystemExit(f"unknown grid {name!r}")
+
+
+def timed_impls(impls, guard_cost=False):
+    """``impls`` in order, with ``paged_numba_noguard`` right after
+    ``paged_numba`` when ``guard_cost`` (and ``paged_numba`` is there)."""
+    out = []
+    for impl in impls:
+        out += [impl] + (["paged_numba_noguard"] if guard_cost and impl == "paged_numba" else [])
+    return out
 
 
 def selected_cases(args):
@@ -196,13 +214,20 @@ def selftest():
     args = parse_args(["--cases", "causal-8x2048", "causal-8x2048-bs1", "--impls", "paged_numba",
                        "torch_sdpa"])
     assert list(selected_cases(args)) == ["causal-8x2048", "causal-8x2048-bs1"]
-    assert args.impls == ["paged_numba", "torch_sdpa"]
+    assert args.impls == ["paged_numba", "torch_sdpa"] and not args.guard_cost
+    args = parse_args(["--guard-cost", "--impls", "torch_sdpa", "paged_numba"])
+    assert args.guard_cost and timed_impls(args.impls, args.guard_cost) == [
+        "torch_sdpa", "paged_numba", "paged_numba_noguard"]
+    assert timed_impls(["torch_sdpa"], True) == timed_impls(["torch_sdpa"]) == ["torch_sdpa"]
+    assert timed_impls(IMPLS) == IMPLS and PEERS["ratio_to_noguard"] == "paged_numba_noguard"
+    assert all(col in FIELDS for col in PEERS)
     print("selftest ok:", {c: f"{f / 1e9:.1f} GFLOP" for c, f in fl.items()})
 
 
 def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
-    """Rows (dicts) of the implementations ``impls`` on one case; the ratio columns
-    are filled in by the caller."""
+    """Rows (dicts) of the implementations ``impls`` on one case (and
+    ``paged_numba_noguard`` with ``args.guard_cost``); the ratio columns are
+    filled in by the caller."""
     shape = {k: spec[k] for k in MODEL}
     q_lens, kv_lens = spec["q_lens"], spec["kv_lens"]
     prob = Problem(q_lens, kv_lens, **shape)
@@ -210,7 +235,9 @@ def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
     common = dict(case=case, batch=len(q_lens), q_tokens=sum(q_lens), kv_tokens=sum(kv_lens),
                   pairs=admitted_pairs(q_lens, kv_lens), **shape)
     tiling = tiling or getattr(args, "plan_options", None)
+    impls = timed_impls(impls, getattr(args, "guard_cost", False))
     callers = {"paged_numba": lambda: numba_caller(prob, tiling),
+               "paged_numba_noguard": lambda: numba_caller(prob, tiling, guard=False),
                "torch_sdpa": lambda: sdpa_caller(prob),
                "flashinfer_fa2": lambda: flashinfer_caller(fi, prob, "fa2"),
                "flashinfer_fa3": lambda: flashinfer_caller(fi, prob, "fa3")}
@@ -226,6 +253,16 @@ def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
             print(f"{impl} on {case}: skipped ({type(e).__name__}: {e})", flush=True)
             if impl == "paged_numba":
                 traceback.print_exc()
+    if "paged_numba" in got and "paged_numba_noguard" in got:   # valid inputs: the same bits
+        import torch
+
+        run, output, detail, extra = got["paged_numba_noguard"]
+        same = torch.equal(*(got[i][1]().view(torch.uint8)
+                             for i in ("paged_numba", "paged_numba_noguard")))
+        print(f"check {case}: paged_numba_noguard bit-identical to paged_numba: "
+              f"{'yes' if same else 'NO'}", flush=True)
+        got["paged_numba_noguard"] = (run, output, detail + ("" if same else " OUTPUT DIFFERS"),
+                                      extra)
     ref = None
     if "torch_sdpa" in got and (args.check or peers):
         ref = got["torch_sdpa"][1]().float()
@@ -268,6 +305,9 @@ def parse_args(argv=None):
                          "(FlashInfer's is compared always)")
     ap.add_argument("--tuning", action="store_true",
                     help="time tilings (block_q, block_n, num_warps) on the cases, print only")
+    ap.add_argument("--guard-cost", action="store_true",
+                    help="with paged_numba: also time it without the device guard "
+                         "(paged_numba_noguard rows)")
     ap.add_argument("--selftest", action="store_true",
                     help="check the FLOP formula, the cases and the CSR pages; no GPU")
     return ap.parse_args(argv)
@@ -323,6 +363,9 @@ def main():
             print(f"{r['impl']:>15} {case:>20} {r['us']:10.1f} us {r['tflops']:7.2f} TFLOP/s "
                   f"x{'-' if sdpa == '' else round(sdpa, 2)} SDPA  {r['impl_detail']} "
                   f"{r['tiling']} regs={r['regs']}", flush=True)
+        if "paged_numba" in times and "paged_numba_noguard" in times:
+            print(f"guard cost {case}: "
+                  f"{guard_cost(times['paged_numba'], times['paged_numba_noguard'])}", flush=True)
         rows += got
         # after each case (a run cut short keeps them), after the file's earlier runs
         write_rows(args.out, FIELDS, rows, 3, keep_runs=True)

@@ -4,7 +4,7 @@ tokens gathered contiguous, and a caller for each implementation returning
 ``(run, output, impl_detail, extra columns)``."""
 import numpy as np
 
-from bench_common import csr_pages, flashinfer_workspace
+from bench_common import csr_pages, flashinfer_workspace, prefill_without_guard
 
 
 def cu_seqlens(q_lens):
@@ -103,7 +103,10 @@ def bias_lower_right(n, kv):
 
 # -- the implementations: each caller returns (run, output, impl_detail, extra columns) ---
 
-def numba_caller(prob, tiling=None):
+def numba_caller(prob, tiling=None, guard=True):
+    """``PrefillPlan.run`` over the problem; ``guard=False``: the plan's
+    tensor-core kernel built without the device guard (``RuntimeError`` where
+    the plan has none such)."""
     import torch
 
     import paged_numba as pn
@@ -111,6 +114,9 @@ def numba_caller(prob, tiling=None):
     fp8 = dict(query_dtype=prob.dtype) if prob.kv_dtype else {}
     plan = pn.PrefillPlan(prob.cache, prob.cu, np.asarray(prob.kv_lens, np.int32),
                           prob.num_heads, causal=True, **fp8, **(tiling or {}))
+    why = None if guard else prefill_without_guard(plan)
+    if why:
+        raise RuntimeError(f"no kernel without the guard: {why}")
     stream = torch.cuda.current_stream()
     plan.run(prob.query, prob.table, stream=stream, validate=True)
 
@@ -120,7 +126,7 @@ def numba_caller(prob, tiling=None):
                 f"warps={plan.num_warps} tiles={plan.num_tiles}")
     detail = "tensor_cores" if getattr(plan, "tensor_cores", False) else "cuda_cores"
     on = [k for k, v in getattr(plan, "kernel_options", {}).items() if v is True]
-    detail += "".join(f"+{k}" for k in on)
+    detail += "".join(f"+{k}" for k in on) + ("" if guard else " guard=False")
     return run, lambda: as_torch(run(), prob.tdtype), detail, dict(tiling=tiling_s,
                                                                    regs=kernel_regs(plan))
 

@@ -363,8 +363,10 @@ class DecodePlan:
         else:
             self.part_out = self.out.reshape(n, 1, h, d)
             self.part_lse = self.lse.reshape(n, 1, h)
-        self._kernel, self._threads, self.tensor_cores = _cache_launch(
-            cache, hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows, self.query_dtype, qk_fp8)
+        # (kept: the same launch's kernel built otherwise, e.g. guard=False to time the guard)
+        self._launch_args = (hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows, self.query_dtype,
+                             qk_fp8)
+        self._kernel, self._threads, self.tensor_cores = _cache_launch(cache, *self._launch_args)
         self._grid = (h // hpb, n, p)
         self._merge = (_launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
                                             (self.out, self.lse, self.part_out, self.part_lse))

@@ -1,7 +1,9 @@
 """The device guard in the decode kernels (``paged_numba.kernels.guard``): with
 validation off, a block id outside the pool or a length outside its table row
 is not followed; the kernel records the first one, ``check`` raises it, and
-the other sequence comes out as from a clean run, bit for bit."""
+the other sequence comes out as from a clean run, bit for bit. The tensor-core
+kernel built without the guard (``guard=False``, only to time it) gives the
+same bits on valid inputs and records nothing."""
 import re
 
 import numpy as np
@@ -107,3 +109,75 @@ def test_decode_records_bad_ids_and_lengths_and_leaves_the_others_alone(
         again = run(TABLES, LENS)
         assert np.array_equal(again[0], out) and np.array_equal(again[1], lse)
         check()
+
+
+def _halved(cache):
+    """The same tokens in blocks of half the size: ``(cache, tables)``."""
+    k, v = (x.reshape(2 * NUM_BLOCKS, BLOCK_SIZE // 2, *x.shape[2:]) for x in cache.to_host())
+    return pn.PagedKVCache.from_host(k, v), np.stack([2 * TABLES, 2 * TABLES + 1], -1).reshape(
+        len(LENS), -1).astype(np.int32)
+
+
+# (partitions, plan options, blocks of 4 tokens: no prefetched block numbers)
+BARE = {"unsplit": (1, {}, False), "split": (2, {}, False), "fma": (1, dict(pv_mma=False), False),
+        "blocks-of-4": (1, {}, True)}
+
+
+@pytest.mark.parametrize("name", BARE)
+def test_decode_tc_kernel_without_the_guard_changes_no_bit_and_records_nothing(name,
+                                                                              monkeypatch):
+    """``guard=False`` (only to time the guard): the tensor-core kernel of a
+    plan's launch built without it is another kernel, and on valid inputs gives
+    the guarded one's outputs bit for bit; under the simulator it is seen to
+    make none of the guard's compares. A negative length (which neither
+    follows outside the buffers) the guarded kernel records, the other not; an
+    id outside the pool the guarded one records (the other would read there)."""
+    from paged_numba._decode_launch import _cache_launch
+    from paged_numba.kernels import decode_tc_parts, guard as guard_module
+
+    def compare(x, n):
+        raise AssertionError(f"the kernel built with guard=False compares {x} with {n}")
+
+    parts, options, halved = BARE[name]
+    cache, q = _cache("float16", "nhd")
+    tables = TABLES
+    if halved:
+        cache, tables = _halved(cache)
+    got = []
+    for guard in (True, False):
+        plan = pn.DecodePlan(cache, len(LENS), NUM_HEADS, tables.shape[1], num_partitions=parts,
+                             num_warps=1, **options)
+        kernel, threads, tc = _cache_launch(cache, *plan._launch_args, guard=guard)
+        assert tc and threads == plan._threads and (kernel is plan._kernel) == guard
+        plan._kernel = kernel                 # before the first run packs the launch
+        if not guard and pn.simulator_enabled():     # (run, not compiled: globals looked up)
+            for module in (guard_module, decode_tc_parts):
+                monkeypatch.setattr(module, "outside", compare)
+        bufs = [cuda.to_device(a) for a in (q, tables, LENS)]
+        got.append((plan.run(*bufs).copy_to_host(), plan.lse.copy_to_host()))
+        cache.check()                         # good inputs: nothing recorded
+        bufs[2].copy_to_device(np.array([LENS[0], -7], np.int32))
+        plan.run(*bufs)
+        if guard:
+            with pytest.raises(ValueError, match=re.escape("seq_lens[1] = -7 (validate=")):
+                cache.check()
+            bad = tables.copy()
+            bad[1, 0] = cache.num_blocks
+            bufs[1].copy_to_device(bad)
+            bufs[2].copy_to_device(LENS)
+            plan.run(*bufs)
+            with pytest.raises(ValueError, match=re.escape(f"block_tables[1, 0] = {bad[1, 0]} ")):
+                cache.check()
+        cache.check()                         # (without the guard: nothing to raise)
+    (out, lse), (bare_out, bare_lse) = got
+    assert np.array_equal(out.view(np.uint16), bare_out.view(np.uint16))
+    assert np.array_equal(lse.view(np.uint32), bare_lse.view(np.uint32))
+
+
+def test_the_cuda_core_decode_kernel_has_no_form_without_the_guard():
+    from paged_numba._decode_launch import _cache_launch
+    cache = pn.PagedKVCache(NUM_BLOCKS, BLOCK_SIZE, 1, 16, "float32")
+    plan = pn.DecodePlan(cache, len(LENS), NUM_HEADS, TABLES.shape[1])
+    assert not plan.tensor_cores
+    with pytest.raises(ValueError, match="guard=False applies to the tensor-core decode kernel"):
+        _cache_launch(cache, *plan._launch_args, guard=False)

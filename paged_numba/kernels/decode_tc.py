@@ -41,7 +41,8 @@ reads or its P @ V):
   ``kernels.decode`` (:mod:`.guard`); with the prefetch a block id is checked
   where the lanes load their window of them (a lane that saw a bad one
   records it after the loop, the recording code out of the loop's way), and
-  the copies' own reads of it only clamp.
+  the copies' own reads of it only clamp. ``guard=False`` builds the kernel
+  without any of this (to time what it costs).
 
 Variants (other rounding; ``paged_decode``'s and ``DecodePlan``'s ``pv_mma``
 and ``key_rows`` options choose them, by default ``pv_mma`` everywhere and
@@ -76,7 +77,6 @@ from .decode_tc_tiling import (  # noqa: F401  (the tiling's names, kept here to
     DTYPES, FP8_DTYPES, FP8_HEAD_SIZES, FP8_LAYOUTS, HEAD_SIZES, LAYOUTS, MAX_HPB,
     MAX_SHARED_BYTES, SATURATING_WARP_DIMS, STEP, _chunks_per_lane, dynamic_ring_bytes,
     kv_bytes, ring_stages, saturating_blocks, supports)
-from .guard import block_of, length_of
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words
 from .vector import load16
 
@@ -85,7 +85,7 @@ from .vector import load16
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, query_dtype=None, qk_fp8=False):
+                     key_rows=False, query_dtype=None, qk_fp8=False, guard=True):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -100,20 +100,25 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     ``ldmatrix``: the head dimension in its natural order, so other rounding
     too. Both together were 2.6-3.8% faster than neither on the H200's large
     headline shapes (``docs/journal/decode_tc.md``, decode v8, 2026-11-30); ``tuning.decode_launch``
-    says which ones ``paged_decode`` uses by default."""
+    says which ones ``paged_decode`` uses by default. ``guard=False`` takes
+    table ids and lengths as they are (an id outside the pool is followed
+    outside it, nothing is recorded), only to time the device guard
+    (:mod:`kernels.guard`); on valid inputs the outputs are bit-identical."""
     P = decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_warps,
-                        stages, split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8)
+                        stages, split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8,
+                        guard=guard)
     (BLOCK_SIZE, CPS, D, DYNAMIC, DYNAMIC_BYTES, FP8, HP4, HPB, HROWS, KR, KSTEPS, KV4,
      KV_HEAD_AXIS, KW, LPR, NH, NLDM, NMMA, NT, NW, PREFETCH, PV, QA, RING, SMEM_T, STAGES,
-     STAGE_V, TG, TPL, TWO, VEC, chunk, gather_values, issue, k_rows, key_words, load_a,
-     merge_warps, mma, pv_tiles, pv_token, pv_words, quad_sum, rescale_half, split_p,
-     step_blocks, v_rows, wait_stages, weights) = attrgetter(
+     STAGE_V, TG, TPL, TWO, VEC, block_of, chunk, gather_values, issue, k_rows, key_words,
+     length_of, load_a, merge_warps, mma, pv_tiles, pv_token, pv_words, quad_sum,
+     rescale_half, split_p, step_blocks, v_rows, wait_stages, weights) = attrgetter(
         "BLOCK_SIZE", "CPS", "D", "DYNAMIC", "DYNAMIC_BYTES", "FP8", "HP4", "HPB", "HROWS",
         "KR", "KSTEPS", "KV4", "KV_HEAD_AXIS", "KW", "LPR", "NH", "NLDM", "NMMA", "NT", "NW",
         "PREFETCH", "PV", "QA", "RING", "SMEM_T", "STAGES", "STAGE_V", "TG", "TPL", "TWO",
-        "VEC", "chunk", "gather_values", "issue", "k_rows", "key_words", "load_a",
-        "merge_warps", "mma", "pv_tiles", "pv_token", "pv_words", "quad_sum", "rescale_half",
-        "split_p", "step_blocks", "v_rows", "wait_stages", "weights")(P)
+        "VEC", "block_of_", "chunk", "gather_values", "issue", "k_rows", "key_words",
+        "length_of_", "load_a", "merge_warps", "mma", "pv_tiles", "pv_token", "pv_words",
+        "quad_sum", "rescale_half", "split_p", "step_blocks", "v_rows", "wait_stages",
+        "weights")(P)
     QK8, load_a8, mma32 = P.QK8, P.load_a8, P.mma32
 
     @device_function

@@ -4,8 +4,10 @@ specialisation. :func:`decode_tc_parts` returns them as a namespace; the
 module docstring of :mod:`.decode_tc` describes the design.
 
 The copy ring: ``chunk``, ``vdst``, ``swizzled`` (ring indices), ``block_at``,
-``token_at``, ``step_blocks`` (table reads, guarded), ``issue`` (a step's
-``cp.async`` copies), ``gather_values`` (the "vllm" values, element by element).
+``token_at``, ``step_blocks`` (table reads, guarded: through ``block_of_``,
+``length_of_`` and ``outside_``, :mod:`.guard`'s functions or, with
+``guard=False``, their unchecked forms), ``issue`` (a step's ``cp.async``
+copies), ``gather_values`` (the "vllm" values, element by element).
 The fragments: ``load_a`` (the query's A words), ``key_words``/``value_words``
 (fp8 codes into mma words, :mod:`.fp8_mma`), ``weights`` (one head's step of
 the online softmax), ``rescale_half``, ``pv_tiles``, ``pv_tile8``, ``pv_words``
@@ -21,7 +23,8 @@ from .access import device_function, row_strides, vector_accessors, vector_offse
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import FULL_MASK, NEG_INF, STORAGE, lane_reducer, warp_merger
-from .guard import block_of, outside
+from .guard import (block_of, block_unchecked, length_of, length_unchecked, outside,
+                    outside_unchecked)
 from .mma import load_words, mma_m16n8k8, mma_m16n8k16, split_pack
 from .decode_tc_tiling import (DTYPES, FP8_DTYPES, MAX_HPB, STEP, dynamic_ring_bytes, kv_bytes,
                                ring_stages, supports)
@@ -36,9 +39,11 @@ FLT_MAX = float32(3.4028234663852886e38)
 
 
 def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_warps, stages,
-                    split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8=False):
+                    split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8=False, guard=True):
     """The constants and device functions of one :func:`.decode_tc.decode_tc_kernel`
-    specialisation (its arguments, checked here), as a namespace."""
+    specialisation (its arguments, checked here), as a namespace. ``guard=False``
+    takes table ids and lengths as they are (no compare, no select, no record),
+    only to time the device guard (:mod:`.guard`)."""
     if not supports(head_size, heads_per_block, dtype, layout):
         raise ValueError(f"no tensor-core decode kernel for head_size={head_size}, "
                          f"heads_per_block={heads_per_block}, {dtype}, {layout}")
@@ -110,6 +115,9 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
         value_words = crossed(dtype, MMA_T)       # dims 2r, 2r + 1 of tokens 2c, 2c + 1
     quad_max = lane_reducer(3, True)            # over the 4 lanes of a head row
     quad_sum = lane_reducer(3, False)
+    # the device guard's reads, or (guard=False) the same reads taken as they are
+    block_of_, length_of_, outside_ = ((block_of, length_of, outside) if guard else
+                                       (block_unchecked, length_unchecked, outside_unchecked))
     @device_function
     def row_a(i, r):
         """The dim of row ``r`` of P @ V's output tile ``i``."""
@@ -194,8 +202,8 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
         recorded after the loop): here it is only kept in the pool."""
         if PREFETCH:
             blk = block_tables[seq, b]
-            return int32(0) if outside(blk, nb) else blk
-        return block_of(block_tables, errors, seq, b, nb)
+            return int32(0) if outside_(blk, nb) else blk
+        return block_of_(block_tables, errors, seq, b, nb)
 
     @device_function
     def token_at(block_tables, errors, nb, seq, s, lo, hi):
@@ -215,7 +223,7 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
         blk = int32(0)
         if s < end:
             blk = block_tables[seq, uint32(s) // uint32(BLOCK_SIZE)]
-        bad = outside(blk, nb)
+        bad = outside_(blk, nb)
         return (int32(0) if bad else blk), bad
 
     @device_function
@@ -230,7 +238,7 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
         if ONE_BLOCK and s0 >= lo and int32(s0 + STEP - 1) <= hi:
             b = int32(uint32(s0) // uint32(BLOCK_SIZE))
             if not PREFETCH:
-                blk = block_of(block_tables, errors, seq, b, nb)
+                blk = block_of_(block_tables, errors, seq, b, nb)
             off = int32(s0 - b * BLOCK_SIZE)
             vt = wide(blk, v_blk) + int32(vb0 + (off + g) * v_tok)
             if KR:

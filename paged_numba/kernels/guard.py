@@ -114,3 +114,22 @@ def clamped_unchecked(n, errors, seq, cap):
     """``n`` as it is: :func:`clamped_length` without the guard (see
     :func:`checked_unchecked`)."""
     return n
+
+
+@device_function
+def length_unchecked(seq_lens, errors, seq, cap):
+    """``seq_lens[seq]`` as it is: :func:`length_of` without the guard (see
+    :func:`checked_unchecked`)."""
+    return seq_lens[seq]
+
+
+@device_function
+def block_unchecked(block_tables, errors, seq, b, num_blocks):
+    """``block_tables[seq, b]`` as it is: :func:`block_of` without the guard."""
+    return block_tables[seq, b]
+
+
+@device_function
+def outside_unchecked(x, n):
+    """False: :func:`outside` without the guard (every id taken as in the pool)."""
+    return False

@@ -130,7 +130,7 @@ def tensor_cores_apply(head_size, hpb, dtype, layout, query_dtype=None, pv_mma=N
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                   tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None, pv_mma=None,
-                  key_rows=None, query_dtype=None, qk_fp8=False):
+                  key_rows=None, query_dtype=None, qk_fp8=False, guard=True):
     """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
     ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
@@ -148,7 +148,10 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     the queries' dtype name) takes the tensor-core kernel with both variants,
     for float16 and bfloat16 queries; with float32 queries, or either variant
     False, the CUDA-core kernel. ``qk_fp8`` (fp8 caches on the tensor-core
-    kernel only): ``Q K^T`` of E4M3 queries and the codes as stored."""
+    kernel only): ``Q K^T`` of E4M3 queries and the codes as stored.
+    ``guard=False`` builds the tensor-core kernel without the device guard
+    (``decode_tc.decode_tc_kernel``'s), only to time it; the CUDA-core kernel
+    has no such form (``ValueError``)."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     fp8 = dtype in decode_tc.FP8_DTYPES
@@ -181,6 +184,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
         if fp8:
             variant = dict(pv_mma=True, key_rows=True, query_dtype=query_dtype,
                            **({"qk_fp8": True} if qk_fp8 else {}))
+        if not guard:   # (named only when off: the default keeps its factory cache entry)
+            variant["guard"] = False
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
         signature = decode_signatures(dtype, layout, query_dtype or "float16")[int(split)]
@@ -191,4 +196,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
             relink(kernel, capped, signature)     # the same PTX: ptxas only, not a new compile
             kernel = capped
         return kernel, 32 * num_warps, True
+    if not guard:
+        raise ValueError(f"guard=False applies to the tensor-core decode kernel, which does not "
+                         f"take this launch ({dtype}, {query_dtype} queries, {layout!r}, "
+                         f"head_size={head_size}, tensor_cores={tensor_cores}).")
     return decode_kernel(*args, num_warps, unroll, stages, split), 32 * num_warps, False
