@@ -25,15 +25,23 @@ The queries are standard normal divided by their KV head's magnitude, so
 that the logits ``q.k / sqrt(head_size)`` of Gaussian keys have unit
 standard deviation in every head (attention neither uniform nor one-hot);
 the error of a softmax grows with the spread of its logits.
+
+One more format, ``float8_e4m3fn/head+q8``, is the E4M3 cache with per-head
+scales read by ``DecodePlan(qk_fp8=True)``: the queries too are quantised to
+E4M3, each head's row with its own scale (:func:`paged_numba.fp8.quantize_rows`,
+bit for bit the kernel's), before ``Q K^T``; its error against the plain
+E4M3 ``/head`` rows is what quantising the queries adds.
 """
 import functools
 
 import numpy as np
 
-from ..fp8 import FP8_DTYPES, fp8_scales, quantize
+from ..fp8 import FP8_DTYPES, fp8_scales, quantize, quantize_rows
 from .runner import Sweep, register, require
 
-CACHES = ("float16", *(f"{f}/{g}" for f in FP8_DTYPES for g in ("tensor", "head")))
+CACHES = ("float16", *(f"{f}/{g}" for f in FP8_DTYPES for g in ("tensor", "head")),
+          "float8_e4m3fn/head+q8")
+Q8 = "+q8"                  # the queries quantised too (DecodePlan(qk_fp8=True))
 DISTRIBUTIONS = ("gaussian", "student-t", "outliers", "wide-heads")
 NUM_SEQS, NUM_KV_HEADS, GROUP = 1, 4, 2           # 8 query heads over 4 KV heads
 
@@ -64,7 +72,7 @@ def _stored(x, cache):
     "<fp8 format>/<tensor|head>")."""
     if cache == "float16":
         return x.astype(np.float16), None
-    fmt, granularity = cache.split("/")
+    fmt, granularity = cache.removesuffix(Q8).split("/")
     scale = fp8_scales(x, fmt, per_head=granularity == "head")
     return quantize(x, scale, fmt), scale
 
@@ -104,7 +112,8 @@ def measure_fp8(p):
     Returns
     -------
     dict
-        ``kv_dtype``, ``scales`` ("tensor", "head" or "none"), ``rel_err``
+        ``kv_dtype``, ``scales`` ("tensor", "head" or "none"), ``query_fp8``
+        (whether the queries were quantised to E4M3 as well), ``rel_err``
         (the worst query head's ``||out_h - exact_h|| / ||exact_h||``),
         ``rel_err_all`` (the same over every head at once, which the large
         heads dominate),
@@ -127,6 +136,10 @@ def measure_fp8(p):
     cache, d, n = p["kv_cache"], int(p["head_size"]), int(p["context"])
     q, k, v, (exact, exact_lse) = _problem(p["dist"], d, n, int(p["seed"]))
     (ks, k_scale), (vs, v_scale) = _stored(k, cache), _stored(v, cache)
+    q8 = cache.endswith(Q8)
+    if q8:
+        codes, s = quantize_rows(q)
+        q = codes.astype(np.float64) * s[..., None].astype(np.float64)
     out, lse = _attend(q, ks, vs, k_scale=k_scale, v_scale=v_scale)
 
     def rel(a, b):
@@ -134,9 +147,9 @@ def measure_fp8(p):
 
     deq_k = ks.astype(np.float64) * (1.0 if k_scale is None else np.asarray(k_scale)[..., None])
     deq_v = vs.astype(np.float64) * (1.0 if v_scale is None else np.asarray(v_scale)[..., None])
-    dtype, _, scales = cache.partition("/")
+    dtype, _, scales = cache.removesuffix(Q8).partition("/")
     worst = float((np.linalg.norm(out - exact, axis=-1) / np.linalg.norm(exact, axis=-1)).max())
-    return dict(kv_dtype=dtype, scales=scales or "none", rel_err=worst,
+    return dict(kv_dtype=dtype, scales=scales or "none", query_fp8=q8, rel_err=worst,
                 rel_err_all=rel(out, exact),
                 max_abs_err=float(np.abs(out - exact).max()), max_abs_out=float(np.abs(exact).max()),
                 lse_max_err=float(np.abs(lse - exact_lse).max()),
@@ -150,6 +163,7 @@ STYLE = {  # kv_cache: (colour, marker, line style, legend label)
     "float8_e4m3fn/head": ("C0", "s", "-", "E4M3, one scale per KV head"),
     "float8_e5m2/tensor": ("C3", "^", "--", "E5M2, one scale per tensor"),
     "float8_e5m2/head": ("C3", "^", "-", "E5M2, one scale per KV head"),
+    "float8_e4m3fn/head+q8": ("C2", "D", ":", "E4M3 per KV head, queries E4M3 too (qk_fp8)"),
 }
 DIST_NAMES = {"gaussian": "Gaussian", "student-t": "Student-t, 3 d.o.f.",
               "outliers": "Gaussian, 2 channels a head 20x",
@@ -193,7 +207,7 @@ def fp8_figure(df, path):
                 ax.set_xlabel("context (tokens per sequence)")
     handles = [Line2D([], [], color=color, marker=marker, linestyle=ls, label=label)
                for color, marker, ls, label in STYLE.values()]
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=9,
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=9,
                frameon=False)
     where = source(df)
     fig.suptitle("Decode attention error from storing K/V in fp16 or fp8 (max-abs scales), "
@@ -214,7 +228,8 @@ register(Sweep(
                     kv_cache=list(CACHES)),
     measure=measure_fp8,
     description="decode attention error of fp8 KV caches (E4M3FN, E5M2; per-tensor and per-head "
-                "scales) and fp16 ones vs float64, by distribution, head size, context (no GPU)",
+                "scales; E4M3 with the queries quantised too) and fp16 ones vs float64, by "
+                "distribution, head size, context (no GPU)",
     figure=fp8_figure,
     device=False))
 
