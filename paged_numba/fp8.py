@@ -245,7 +245,8 @@ def quantize_rows(x, dtype="float8_e4m3fn"):
     """Each row (the last axis) of ``x`` quantised with a scale of its own, as
     ``DecodePlan(qk_fp8=True)`` quantises each query head before ``Q K^T``:
     ``s = max |x| / FP8_MAX[dtype]`` in float32 (1 for a row of zeros, NaN
-    for a row holding a NaN or an infinity), then :func:`quantize` ``(x, s)``.
+    for a row holding a NaN or an infinity, 2**-149 where the division
+    underflows to 0), then :func:`quantize` ``(x, s)``.
 
     Parameters
     ----------
@@ -271,6 +272,7 @@ def quantize_rows(x, dtype="float8_e4m3fn"):
     with np.errstate(invalid="ignore", over="ignore"):
         amax = np.abs(x).max(axis=-1, initial=np.float32(0.0))
         s = np.where(amax > 0, amax / np.float32(FP8_MAX[name]), np.float32(1.0))
+        s = np.where(s > 0, s, np.float32(2.0 ** -149))      # (float32 subnormal rows)
         s = np.where(np.isfinite(x).all(axis=-1), s, np.float32(np.nan)).astype(np.float32)
         y = x / s[..., None]
         m = np.float32(FP8_MAX[name])

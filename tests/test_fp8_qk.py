@@ -191,3 +191,10 @@ def test_fp8_queries_need_the_fp8_tensor_core_kernel():
     assert mqa.tensor_cores and mqa.qk_fp8
     with pytest.raises(ValueError, match="qk_fp8 must be True or False"):
         pn.DecodePlan(c8, 2, 8, 4, qk_fp8="yes")
+
+
+def test_quantize_rows_keeps_float32_subnormal_rows_finite():
+    # max |x| / 448 underflows to 0 in float32: the scale becomes 2**-149, not 0
+    codes, s = F.quantize_rows(np.array([[1e-45, 0.0], [3e-44, -1e-45]], np.float32))
+    assert (s == np.float32(2.0 ** -149)).all()
+    assert codes.astype(np.float64).tolist() == [[1.0, 0.0], [20.0, -1.0]]

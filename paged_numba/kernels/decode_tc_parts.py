@@ -350,7 +350,8 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
         """``qk_fp8``: query row ``h`` (zeros unless ``valid``) quantised to
         E4M3 codes, ``x / s`` rounded to nearest even with ``s = max |x| / 448``
         over the row (1 for a row of zeros; NaN where the row holds a NaN or an
-        infinity, so that its codes and logits are NaN): word ``v`` holds dims
+        infinity, so that its codes and logits are NaN; 2**-149 where the
+        division underflows to 0): word ``v`` holds dims
         ``16 v + 4 c .. 16 v + 4 c + 3`` (the lowest in the lowest byte), so that
         the 32-dim k-step ``kk`` takes words ``2 kk`` (its dims ``4c ..``) and ``2 kk
         + 1`` (dims ``16 + 4c ..``), as the keys' ldmatrix gives the codes.
@@ -371,6 +372,8 @@ def decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_w
         s = float32(1.0)
         if amax > float32(0.0):
             s = amax / float32(QK_MAX)
+            if s == float32(0.0):
+                s = float32(2.0 ** -149)
         if quad_max(bad) > float32(0.0):
             s = float32(math.nan)
         for v in range(D // 16):
