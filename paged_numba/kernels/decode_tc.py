@@ -62,7 +62,10 @@ loaded in that order; a value ``ldmatrix.trans`` word (dims ``2r, 2r + 1``
 of tokens ``2c, 2c + 1``) into the A fragment of output rows ``16 t + 2r``
 and ``+ 1`` (``row_a``, ``row_b``). The products are in the query's type;
 ``kv_scales [2, num_kv_heads]`` is a last argument: K's scale goes into the
-logits' scale, V's onto the output before the warps merge.
+logits' scale, V's onto the output before the warps merge. With ``qk_fp8``
+each query head's row is quantised to E4M3 (a scale of its own, ``load_a8``)
+and ``mma.m16n8k32`` takes the key ldmatrix words as they are, a 32-dim
+k-step each; the row's scale joins K's in the logits' scale.
 """
 import functools
 from operator import attrgetter
