@@ -28,6 +28,7 @@ from paged_numba.kernels.decode_tc_parts import decode_tc_parts
 from paged_numba.testing import (DecodeProblem, check_attention, decode_problems,
                                  decode_reference, variants)
 from paged_numba.testing.bounds import FP8_TENSOR_CORE_U, gamma
+from test_fp8_decode_tc import SHAPES
 
 FORMATS = F.FP8_DTYPES
 MMA = ("float16", "bfloat16")
@@ -149,11 +150,6 @@ def run_qk_fp8(p, num_partitions=None, heads_per_block=None, **extra):
     ref = decode_reference(p, q8, F.dequantize(k, ks), F.dequantize(v, vs),
                            num_partitions=plan.num_partitions, qk_fp8=True, **extra)
     return q, out.copy_to_host().view(q.dtype), plan.lse.copy_to_host(), ref
-
-
-SHAPES = (dict(head_sizes=(64,), block_sizes=(1, 8, 16), max_seqs=2, max_seq_len=40) if SIM else
-          dict(head_sizes=decode_tc.FP8_HEAD_SIZES, block_sizes=(1, 5, 8, 16, 32), max_seqs=4,
-               max_seq_len=3000))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
