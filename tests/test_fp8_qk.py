@@ -22,7 +22,6 @@ import paged_numba as pn
 from paged_numba import fp8 as F
 from paged_numba._arrays import host_bits
 from paged_numba.kernels import decode_tc
-from paged_numba.kernels import fp8 as K
 from paged_numba.kernels import fp8_mma
 from paged_numba.kernels.decode_tc_parts import decode_tc_parts
 from paged_numba.testing import (DecodeProblem, check_attention, decode_problems,
