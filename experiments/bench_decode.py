@@ -401,8 +401,9 @@ def main():
                     help="DecodePlan(group_kernel=...) for paged_numba: the prefill tile that "
                          "runs MQA and large groups")
     ap.add_argument("--tuning", action="store_true",
-                    help="time kernel variants (v4 and tensor-core kernels, warps, ring depth; "
-                         "with an fp8 --kv-dtype also qk_fp8) on the headline shapes, print only")
+                    help="time kernel variants (v4 and tensor-core kernels, warps, ring depth, "
+                         "the merge launched early (pdl); with an fp8 --kv-dtype also qk_fp8) "
+                         "on the headline shapes, print only")
     ap.add_argument("--kv-dtype", default=None, metavar="DTYPE",
                     help="with --tuning: the cache's dtype (e.g. float8_e4m3fn; default the "
                          "queries' float16)")
@@ -426,6 +427,7 @@ def main():
                      for w, st in ((4, 2), (2, 2), (2, 4), (1, 4), (1, 8))]
         if args.kv_dtype and args.kv_dtype.startswith("float8"):   # Q K^T in fp8 too
             variants += [dict(tensor_cores=True, num_warps=4, stages=2, qk_fp8=True)]
+        variants += [dict(pdl=False), dict(pdl=True)]   # the plan's defaults, merge early or not
         for tuning in variants:
             for b, c in HEADLINE:
                 r = bench_config(b, c, 32, 8, 128, 16, "float16", args.kv_dtype,

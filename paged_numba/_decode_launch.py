@@ -104,12 +104,13 @@ def num_partitions_for(num_seqs, num_head_blocks, max_context, sm_count, residen
 
 
 def _cache_launch(cache, hpb, split, tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None,
-                  pv_mma=None, key_rows=None, query_dtype=None, qk_fp8=False, guard=True):
+                  pv_mma=None, key_rows=None, query_dtype=None, qk_fp8=False, guard=True,
+                  pdl=False):
     """:func:`decode_launch` for ``cache`` (``guard=False``: only to time the
     device guard)."""
     return decode_launch(cache.head_size, cache.block_size, hpb, cache.dtype.name, cache.layout,
                          split, tuning, tensor_cores, pv_mma, key_rows, _name(query_dtype),
-                         qk_fp8, guard=guard)
+                         qk_fp8, guard=guard, pdl=pdl)
 
 
 def _name(dtype):

@@ -80,6 +80,12 @@ class DecodePlan:
         conversion of the keys). Each query head's row is quantised to E4M3
         with its own scale (``max |q| / 448``), which costs accuracy: about
         2**-4 relative in each query element (``docs/fp8.md``). Default False.
+    pdl : bool
+        Split-K on the tensor-core kernel (sm_90): launch the merge with
+        programmatic dependent launch, so that it starts while the decode
+        blocks finish and waits for their partial states itself
+        (``kernels/pdl.py``); the same outputs. Default False; :attr:`pdl`
+        says whether it applies to this plan.
 
     MQA and GQA groups of 32 or more query heads run on the tensor-core
     prefill tile with split-K (``paged_numba._group_decode``) wherever it
@@ -111,13 +117,14 @@ class DecodePlan:
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  num_partitions=None, num_warps=None, unroll=UNROLL, stages=STAGES,
                  tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None,
-                 heads_per_block=None, group_kernel=None, qk_fp8=False):
+                 heads_per_block=None, group_kernel=None, qk_fp8=False, pdl=False):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
         tensor_cores = C.optional_flag("tensor_cores", tensor_cores)
         pv_mma, key_rows = C.optional_flag("pv_mma", pv_mma), C.optional_flag("key_rows", key_rows)
         self.qk_fp8 = qk_fp8 = C.flag("qk_fp8", qk_fp8)
+        self.pdl = C.flag("pdl", pdl)
         num_seqs = C.integer("num_seqs", num_seqs, lo=0, hi=V.MAX_GRID_YZ)
         num_heads = C.integer("num_heads", num_heads, lo=1, hi=V.MAX_HEADS)
         V.check_heads(num_heads, cache)
@@ -157,11 +164,19 @@ class DecodePlan:
         # (kept: the same launch's kernel built otherwise, e.g. guard=False to time the guard)
         self._launch_args = (hpb, p > 1, tuning, tensor_cores, pv_mma, key_rows, self.query_dtype,
                              qk_fp8)
-        self._kernel, self._threads, self.tensor_cores = _cache_launch(cache, *self._launch_args)
+        self._kernel, self._threads, self.tensor_cores = _cache_launch(
+            cache, *self._launch_args, pdl=self.pdl)
+        self.pdl = self.pdl and self.tensor_cores and p > 1     # where it applies
         self._grid = (h // hpb, n, p)
-        self._merge = (_launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
-                                            (self.out, self.lse, self.part_out, self.part_lse))
-                       if p > 1 and n else None)
+        self._merge = (self._merge_launch(self.out, self.lse) if p > 1 and n else None)
+
+    def _merge_launch(self, out, lse):
+        """The split-K merge of the partial states into ``out`` and ``lse``
+        (with ``pdl``: launched to start early, waiting for them itself)."""
+        n, h = self.num_seqs, self.num_heads
+        kernel = merge_kernel(self.query_dtype.name, **({"pdl": True} if self.pdl else {}))
+        return _launch.PackedLaunch(kernel, (h, n), 128, (out, lse, self.part_out, self.part_lse),
+                                    programmatic=self.pdl)
 
     def _plan_group(self, tile, num_partitions, max_context, kernel):
         n, h, d = self.num_seqs, self.num_heads, self.cache.head_size
@@ -307,8 +322,7 @@ class DecodePlan:
         if self.num_partitions == 1:
             part_out, part_lse = out.reshape(n, 1, h, d), lse.reshape(n, 1, h)
         elif merge is not None and (out is not self.out or lse is not self.lse):
-            merge = _launch.PackedLaunch(merge_kernel(self.query_dtype.name), (h, n), 128,
-                                         (out, lse, part_out, part_lse))
+            merge = self._merge_launch(out, lse)
         args = (part_out, part_lse, q, self.cache.key_cache, self.cache.value_cache,
                 tables, lens, np.float32(self.scale), np.int32(self.partition_size),
                 *self._variants, self.cache.errors, *kernel_scales(self.cache))

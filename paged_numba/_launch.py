@@ -154,10 +154,15 @@ class PackedLaunch:
     (allowed on the compiled function: past 48 KB of static plus dynamic
     shared memory a launch fails without it).
 
-    Call it with a stream (anything :func:`stream_handle` accepts)."""
+    Call it with a stream (anything :func:`stream_handle` accepts).
+    ``programmatic=True`` launches with the programmatic stream serialisation
+    attribute (``cuLaunchKernelEx``, sm_90): the kernel may start before the
+    one before it in the stream has finished, and must wait for it itself
+    (:mod:`paged_numba.kernels.pdl`)."""
 
-    def __init__(self, dispatcher, grid, block, args):
+    def __init__(self, dispatcher, grid, block, args, programmatic=False):
         self.dispatcher, self.grid, self.block, self.args = dispatcher, grid, block, args
+        self.programmatic = bool(programmatic)
         self.shared = dynamic_shared(dispatcher)
         if config.ENABLE_CUDASIM:
             return
@@ -184,6 +189,13 @@ class PackedLaunch:
             allow_dynamic_shared(drv, cufunc, self.shared)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
+        if self.programmatic:
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            self._config = drv.CUlaunchConfig()
+            self._config.attrs, self._config.numAttrs = [attr], 1
+            self._launch_ex = drv.cuLaunchKernelEx
 
     def __call__(self, stream=None):
         _launches[0] += 1
@@ -205,8 +217,15 @@ class PackedLaunch:
             # the simulator runs kernels synchronously: any stream is the default one
             self.dispatcher[self.grid, self.block, cuda.default_stream(), self.shared](*self.args)
             return
-        err, = self._launch(self._function, *self._dims, self.shared, stream_handle(stream),
-                            self._address, 0)
+        if self.programmatic:
+            c = self._config
+            (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY,
+             c.blockDimZ) = self._dims
+            c.sharedMemBytes, c.hStream = self.shared, stream_handle(stream)
+            err, = self._launch_ex(c, self._function, self._address, 0)
+        else:
+            err, = self._launch(self._function, *self._dims, self.shared, stream_handle(stream),
+                                self._address, 0)
         if err != self._ok:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
 

@@ -81,6 +81,7 @@ from .decode_tc_tiling import (  # noqa: F401  (the tiling's names, kept here to
     MAX_SHARED_BYTES, SATURATING_WARP_DIMS, STEP, _chunks_per_lane, dynamic_ring_bytes,
     kv_bytes, ring_stages, saturating_blocks, supports)
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, load_words
+from .pdl import launch_dependents
 from .vector import load16
 
 
@@ -88,7 +89,7 @@ from .vector import load16
 def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
                      num_warps=4, stages=2, split=False, max_registers=None,
                      unroll_pv=True, prefetch=True, pv_mma=False,
-                     key_rows=False, query_dtype=None, qk_fp8=False, guard=True):
+                     key_rows=False, query_dtype=None, qk_fp8=False, guard=True, pdl=False):
     """Compile-time specialised tensor-core decode kernel; arguments, grid and
     block as for :func:`kernels.decode.decode_kernel` (``32 * num_warps``
     threads). ``max_registers`` caps the registers per thread (ptxas spills
@@ -106,7 +107,9 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
     says which ones ``paged_decode`` uses by default. ``guard=False`` takes
     table ids and lengths as they are (an id outside the pool is followed
     outside it, nothing is recorded), only to time the device guard
-    (:mod:`kernels.guard`); on valid inputs the outputs are bit-identical."""
+    (:mod:`kernels.guard`); on valid inputs the outputs are bit-identical.
+    ``pdl`` (split kernels): each block lets the merge launched after it
+    start early (:mod:`.pdl`)."""
     P = decode_tc_parts(head_size, block_size, heads_per_block, dtype, layout, num_warps,
                         stages, split, prefetch, pv_mma, key_rows, query_dtype, qk_fp8,
                         guard=guard)
@@ -123,10 +126,13 @@ def decode_tc_kernel(head_size, block_size, heads_per_block, dtype, layout,
         "quad_sum", "rescale_half", "split_p", "step_blocks", "v_rows", "wait_stages",
         "weights")(P)
     QK8, load_a8, mma32 = P.QK8, P.load_a8, P.mma32
+    PDL = bool(pdl)
 
     @device_function
     def decode(out, lse, query, key_cache, value_cache, block_tables, seq_lens, scale,
                partition_size, alibi_slopes, soft_cap, window, errors, kv_scales):
+        if PDL:
+            launch_dependents()
         hb = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z

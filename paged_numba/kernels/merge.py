@@ -26,6 +26,7 @@ from numba import cuda, float32
 
 from .convert import codec
 from .decode import FULL_MASK, NEG_INF
+from .pdl import wait_for_primary
 
 UNROLL = 8       # partial outputs loaded per thread before their sum is taken
 
@@ -61,7 +62,7 @@ def fold_states(s, i, h, lane, num_states):
 
 
 @functools.cache
-def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
+def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128, pdl=False):
     """Kernel ``(out, lse_out, v, s)``: ``v [n, S, H, D]``, ``s [n, S, H]`` float32,
     ``out [n, H, D]``, ``lse_out [n, H]`` float32. Grid ``(H, n)``,
     ``num_threads`` (a multiple of 32).
@@ -75,14 +76,19 @@ def merge_kernel(out_dtype="float32", v_dtype="float32", num_threads=128):
 
     ``out_dtype`` and ``v_dtype`` name the storage dtypes (``"float16"``,
     ``"float32"``, ``"bfloat16"``); float16 and float32 share one conversion
-    (numba's own), so the defaults serve any mix of the two."""
+    (numba's own), so the defaults serve any mix of the two. ``pdl``: each
+    block first waits for the kernel it was launched after to finish
+    (:mod:`.pdl`), for a launch that lets it start early."""
     NT = num_threads
+    PDL = bool(pdl)
     assert NT % 32 == 0
     v_to_f32, _ = codec(v_dtype)
     _, out_from_f32 = codec(out_dtype)
 
     @cuda.jit
     def merge_states_kernel(out, lse_out, v, s):
+        if PDL:
+            wait_for_primary()
         h = cuda.blockIdx.x
         i = cuda.blockIdx.y
         tid = cuda.threadIdx.x

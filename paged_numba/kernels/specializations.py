@@ -126,6 +126,11 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         sig = decode_signatures(fmt, "nhd", q_dtype)[int(split)]
         yield (f"decode_tc hs=128 bs=16 hpb=4 nhd {fmt} q={q_dtype} out={sig[0].dtype} "
                f"qk_fp8 threads={threads}"), kernel, sig
+    # the split kernel that lets its merge start early (programmatic dependent launch)
+    kernel, threads, _ = decode_launch(128, 16, 4, "float16", "nhd", True, tensor_cores=True,
+                                       pdl=True)
+    yield (f"decode_tc hs=128 bs=16 hpb=4 nhd float16 split pdl threads={threads}", kernel,
+           decode_signatures("float16", "nhd")[1])
     for bs, layout, dtype in itertools.product(block_sizes, layouts, dtypes):
         kernel = write_kv_kernel(bs, layout, _vector_width(dtype))
         for slot_dtype in ("int64", "int32"):
@@ -142,6 +147,9 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
         for v_dtype in sorted({"float32", dtype}):      # split-K partials; merge_states input
             sig = (_arr(dtype, 3), _arr("float32", 2), _arr(v_dtype, 4), _arr("float32", 3))
             yield f"merge out={dtype} v={v_dtype}", merge_kernel(dtype, v_dtype), sig
+            if v_dtype == "float32":    # ... waiting for the decode it follows
+                yield (f"merge out={dtype} v={v_dtype} pdl",
+                       merge_kernel(dtype, v_dtype, pdl=True), sig)
     from .prefill import prefill_signature, prefill_specializations
     from .prefill_tc import prefill_tc_config, prefill_tc_kernel
 

@@ -130,7 +130,7 @@ def tensor_cores_apply(head_size, hpb, dtype, layout, query_dtype=None, pv_mma=N
 
 def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                   tuning=(NUM_WARPS, UNROLL, STAGES), tensor_cores=None, pv_mma=None,
-                  key_rows=None, query_dtype=None, qk_fp8=False, guard=True):
+                  key_rows=None, query_dtype=None, qk_fp8=False, guard=True, pdl=False):
     """``(kernel, threads, tensor_cores)``: the decode kernel for a cache of
     ``dtype`` (a name) in ``layout`` with ``hpb`` query heads per thread block.
     The tensor-core kernel (``kernels.decode_tc``) where it applies (fp16/bf16,
@@ -151,7 +151,9 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
     kernel only): ``Q K^T`` of E4M3 queries and the codes as stored.
     ``guard=False`` builds the tensor-core kernel without the device guard
     (``decode_tc.decode_tc_kernel``'s), only to time it; the CUDA-core kernel
-    has no such form (``ValueError``)."""
+    has no such form (``ValueError``). ``pdl`` (the split tensor-core kernel):
+    its blocks let the merge launched after it start early (the CUDA-core
+    kernel ignores it)."""
     num_warps, unroll, stages = tuning
     args = (head_size, block_size, hpb, dtype, layout)
     fp8 = dtype in decode_tc.FP8_DTYPES
@@ -186,6 +188,8 @@ def decode_launch(head_size, block_size, hpb, dtype, layout, split,
                            **({"qk_fp8": True} if qk_fp8 else {}))
         if not guard:   # (named only when off: the default keeps its factory cache entry)
             variant["guard"] = False
+        if pdl and split:
+            variant["pdl"] = True
         kernel = decode_tc.decode_tc_kernel(*args, num_warps, stages, split, **variant)
         # a few registers fewer can buy one more resident block (e.g. 131 -> 128)
         signature = decode_signatures(dtype, layout, query_dtype or "float16")[int(split)]
