@@ -27,11 +27,7 @@ from paged_numba.kernels.decode_tc_parts import decode_tc_parts
 from paged_numba.testing import (DecodeProblem, check_attention, decode_problems,
                                  decode_reference, variants)
 from paged_numba.testing.bounds import FP8_TENSOR_CORE_U, gamma
-from test_fp8_decode_tc import SHAPES
-
-FORMATS = F.FP8_DTYPES
-MMA = ("float16", "bfloat16")
-SIM = pn.simulator_enabled()
+from test_fp8_decode_tc import FORMATS, MMA, SHAPES, SIM
 
 
 @functools.cache
