@@ -1,8 +1,0 @@
-# split rings (producer order fixed) against the defaults, H100 or H200 (carry .whl)
-set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/numpy*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu10.log
-timeout 200 python3 experiments/tune_prefill.py --case causal-8x2048 causal-2x8192 causal-4x512 --variants default w8n128-fx-wg-ws-sw-s2-pp-ps-ll-sr w8n128-fx-wg-ws-sw-s2-pp-ps-ll-lz-sr w8n128-fx-wg-ws-sw-s3-pp-ps-ll --rounds 2 --jobs 4 2>&1 | grep -v Warn | tail -18 | tee -a $OUT/gpu10.log
-timeout 200 python3 experiments/tune_prefill.py --head-size 256 --case causal-8x2048 causal-2x8192 --variants default w8n64-fx-wg-ws-sw-s2-pp-ps-ll-lz-sr w8n64-fx-wg-ws-sw-s2-pp-ps-ll-lz-sr-pg40 w8n64-fx-wg-ws-sw-s2-pp-ll-lz-sr-pg40 --rounds 2 --jobs 4 2>&1 | grep -v Warn | tail -12 | tee -a $OUT/gpu10.log
-timeout 120 python3 experiments/tune_prefill.py --head-size 64 --case causal-8x2048 causal-2x8192 --variants default w8n128-fx-wg-ws-sw-s2-pp-ps-ll-sr --rounds 2 --jobs 2 2>&1 | grep -v Warn | tail -8 | tee -a $OUT/gpu10.log

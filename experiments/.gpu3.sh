@@ -1,7 +1,0 @@
-set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/numpy*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/gpu3.log
-timeout 280 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats -k regex:paged_prefill --launch-skip 2 --launch-count 1 --export /tmp/ss python3 experiments/tune_prefill.py --case full-2x8192 --reps 1 --variants default > /tmp/ncu.out 2>&1; tail -3 /tmp/ncu.out | tee -a $OUT/gpu3.log
-ncu --import /tmp/ss.ncu-rep --page details > $OUT/ncu_full_2x8192.txt 2>&1; grep -E "Duration|Throughput|Pipe|Tensor|L2 Hit|L1/TEX Hit|Registers|Achieved|Bandwidth|Elapsed Cycles|SM Frequency|Executed Ipc|Issue Slots" $OUT/ncu_full_2x8192.txt | head -60 | tee -a $OUT/gpu3.log
-timeout 200 ncu --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.sum,lts__t_sector_hit_rate.pct,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__cycles_active.avg -k regex:paged_prefill --launch-skip 2 --launch-count 1 python3 experiments/tune_prefill.py --case full-2x8192 --reps 1 --variants default 2>&1 | grep -E "sm__|lts__|dram__|l1tex__" | tee -a $OUT/gpu3.log
