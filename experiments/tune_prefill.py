@@ -55,8 +55,8 @@ import torch.nn.functional as F
 from numba import cuda
 
 import paged_numba as pn
+from bench_common import prefill_without_guard
 from paged_numba import _launch
-from paged_numba.kernels import prefill_tc
 from variants import parse_variant
 
 # case: (number of sequences, query tokens each, keys each); a decode case's one
@@ -125,11 +125,9 @@ def variant_plan(name, cache, cu, lens, num_heads, causal=True):
     the device guard."""
     if name.endswith("-ng"):
         plan = variant_plan(name[:-3], cache, cu, lens, num_heads, causal)
-        if not plan.tensor_cores:
-            raise SystemExit(f"-ng applies to the tensor-core kernel, not {name!r}")
-        plan._kernel = prefill_tc.prefill_tc_kernel(
-            cache.head_size, cache.block_size, plan.heads_per_block, plan.block_n,
-            cache.dtype.name, cache.layout, plan.num_warps, **plan.kernel_options, guard=False)
+        why = prefill_without_guard(plan)
+        if why:
+            raise SystemExit(f"-ng does not apply to {name!r}: {why}")
         return plan
     if name == "cuda-cores":
         return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tensor_cores=False)
