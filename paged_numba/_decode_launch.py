@@ -119,13 +119,14 @@ def _name(dtype):
 
 
 def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tuning,
-                tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None, qk_fp8=False):
+                tensor_cores=None, pv_mma=None, key_rows=None, query_dtype=None, qk_fp8=False,
+                pdl=False):
     """Validated split-K ``(num_partitions, partition_size)``; the default comes
     from :func:`num_partitions_for` with the split kernel's occupancy (for the
     tensor-core kernel, at most the blocks that saturate HBM)."""
     if num_partitions is None:
         kernel, threads, tc = _cache_launch(cache, hpb, True, tuning, tensor_cores, pv_mma,
-                                            key_rows, query_dtype, qk_fp8)
+                                            key_rows, query_dtype, qk_fp8, pdl=pdl)
         split = decode_signatures(cache.dtype.name, cache.layout,
                                   _name(query_dtype) or "float16")[1]
         resident = resident_blocks(kernel, split, threads)
@@ -144,7 +145,7 @@ def _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context, tu
 
 def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max_context,
                  unroll=UNROLL, stages=STAGES, tensor_cores=None, pv_mma=None, key_rows=None,
-                 query_dtype=None, qk_fp8=False):
+                 query_dtype=None, qk_fp8=False, pdl=False):
     """``(num_warps, num_partitions, partition_size)`` of a decode launch; None
     picks: :func:`fitting_warps` (static) for the tensor-core kernel
     (``NUM_WARPS`` for the other), and :func:`num_partitions_for`'s split.
@@ -163,5 +164,5 @@ def launch_shape(num_partitions, num_warps, cache, hpb, num_seqs, num_heads, max
         num_warps = fitting_warps(cache.head_size, stages) if tc else NUM_WARPS
     tuning = (C.power_of_two("num_warps", num_warps, hi=MAX_WARPS), unroll, stages)
     parts, size = _partitions(num_partitions, cache, hpb, num_seqs, num_heads, max_context,
-                              tuning, tensor_cores, pv_mma, key_rows, query_dtype, qk_fp8)
+                              tuning, tensor_cores, pv_mma, key_rows, query_dtype, qk_fp8, pdl)
     return tuning[0], parts, size

@@ -150,7 +150,7 @@ class DecodePlan:
             heads_per_block, num_heads // cache.num_kv_heads, cache, tensor_cores, pv_mma)
         self.num_warps, self.num_partitions, self.partition_size = launch_shape(
             num_partitions, num_warps, cache, hpb, self.num_seqs, num_heads, max_context,
-            unroll, stages, tensor_cores, pv_mma, key_rows, self.query_dtype, qk_fp8)
+            unroll, stages, tensor_cores, pv_mma, key_rows, self.query_dtype, qk_fp8, self.pdl)
         tuning = (self.num_warps, unroll, stages)
         n, h, d, p = self.num_seqs, num_heads, head_size, self.num_partitions
         self.out = _arrays.zeros((n, h, d), self.query_dtype)

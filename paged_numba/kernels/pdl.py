@@ -43,15 +43,5 @@ else:
             return types.void(), codegen
         return statement
 
-    _launch_dependents = _statement("griddepcontrol.launch_dependents;")
-    _wait_for_primary = _statement("griddepcontrol.wait;")
-
-    from .access import device_function
-
-    @device_function
-    def launch_dependents():
-        _launch_dependents()
-
-    @device_function
-    def wait_for_primary():
-        _wait_for_primary()
+    launch_dependents = _statement("griddepcontrol.launch_dependents;")
+    wait_for_primary = _statement("griddepcontrol.wait;")
