@@ -161,10 +161,14 @@ def quantize(x, scale, dtype):
     if x.dtype != np.float32:
         x = x.astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        y = x / _head_scale(scale, x)
-        m = np.float32(FP8_MAX[name])
-        y = np.where(np.isnan(y), y, np.clip(y, -m, m))
-        return y.astype(FP8_NUMPY[name])
+        return _saturated(x / _head_scale(scale, x), name)
+
+
+def _saturated(y, name):
+    """float32 ``y`` rounded to format ``name``, saturating at its max, NaN kept."""
+    m = np.float32(FP8_MAX[name])
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(y), y, np.clip(y, -m, m)).astype(FP8_NUMPY[name])
 
 
 def dequantize(x, scale, dtype=np.float64):
@@ -274,7 +278,4 @@ def quantize_rows(x, dtype="float8_e4m3fn"):
         s = np.where(amax > 0, amax / np.float32(FP8_MAX[name]), np.float32(1.0))
         s = np.where(s > 0, s, np.float32(2.0 ** -149))      # (float32 subnormal rows)
         s = np.where(np.isfinite(x).all(axis=-1), s, np.float32(np.nan)).astype(np.float32)
-        y = x / s[..., None]
-        m = np.float32(FP8_MAX[name])
-        y = np.where(np.isnan(y), y, np.clip(y, -m, m))
-    return y.astype(FP8_NUMPY[name]), s
+        return _saturated(x / s[..., None], name), s
