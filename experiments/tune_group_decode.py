@@ -10,7 +10,9 @@ without ``group_kernel`` (the 16-head decode kernel for groups of 16);
 ``--wgmma-tilings 64x4 128x3`` times the ``"wgmma"`` tile with those keys a
 tile and ring stages (``_group_decode.WGMMA_TILING``), and ``--fused-merge``
 adds it with the split-K merge inside the kernel
-(``_group_decode.WGMMA_FUSED_MERGE``).
+(``_group_decode.WGMMA_FUSED_MERGE``); ``--pdl`` times each split
+configuration again with the merge launched early (``DecodePlan(pdl=True)``,
+rows marked ``pdl``).
 """
 import argparse
 import os
@@ -30,6 +32,8 @@ def main():
     ap.add_argument("--parts", nargs="+", type=int, default=[0, 1, 2, 4])
     ap.add_argument("--wgmma-tilings", nargs="+", default=["64x4"], metavar="NxS")
     ap.add_argument("--fused-merge", action="store_true")
+    ap.add_argument("--pdl", action="store_true",
+                    help="also time each configuration with DecodePlan(pdl=True)")
     ap.add_argument("--head-size", type=int, default=128)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=30)
@@ -47,16 +51,21 @@ def main():
         runs += [("wgmma", t) for t in args.wgmma_tilings if "wgmma" in args.kernels]
         runs += [("wgmma", t + "+merge") for t in args.wgmma_tilings
                  if "wgmma" in args.kernels and args.fused_merge]
-        for kernel, tiling in runs:
+        runs = [(k, t, pdl) for k, t in runs      # each with and without pdl, one after the other
+                for pdl in ((False, True) if args.pdl and not (t or "").endswith("+merge")
+                            else (False,))]
+        for kernel, tiling, pdl in runs:
             if tiling is not None:
                 _group_decode.WGMMA_FUSED_MERGE = tiling.endswith("+merge")
                 _group_decode.WGMMA_TILING = tuple(
                     int(x) for x in tiling.removesuffix("+merge").split("x"))
             rows = bench_config(*cfg, tables=("random",), sdpa=False, reps=args.reps,
                                 partitions=parts,
-                                tuning=None if kernel == "default" else dict(group_kernel=kernel))
+                                tuning=({} if kernel == "default" else dict(group_kernel=kernel))
+                                | ({"pdl": True} if pdl else {}) or None)
             for r in rows:
-                print(f"  {r['impl_detail'] + (' ' + tiling if tiling else ''):>46} "
+                name = r['impl_detail'] + (' ' + tiling if tiling else '') + (' pdl' if pdl else '')
+                print(f"  {name:>50} "
                       f"P={r['num_partitions']:<3} {r['us']:7.1f} us "
                       f"{r['gbps']:5.0f} GB/s {r['us'] / sdpa['us']:.3f}x SDPA "
                       f"merge {r['merge_us'] if r['merge_us'] == '' else round(r['merge_us'], 1)}"

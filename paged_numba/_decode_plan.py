@@ -81,9 +81,9 @@ class DecodePlan:
         with its own scale (``max |q| / 448``), which costs accuracy: about
         2**-4 relative in each query element (``docs/fp8.md``). Default False.
     pdl : bool
-        Split-K on the tensor-core kernel (sm_90): launch the merge with
-        programmatic dependent launch, so that it starts while the decode
-        blocks finish and waits for their partial states itself
+        Split-K on the tensor-core kernels or the prefill tile (sm_90): launch
+        the merge with programmatic dependent launch, so that it starts while
+        the decode blocks finish and waits for their partial states itself
         (``kernels/pdl.py``); the same outputs. Default False; :attr:`pdl`
         says whether it applies to this plan.
 
@@ -187,7 +187,8 @@ class DecodePlan:
         self.out = _arrays.zeros((n, h, d), self.cache.dtype)
         self.lse = _arrays.zeros((n, h), np.float32)
         self._group = GroupDecode(self.cache, n, h, tile, parts, self.scale, self._variants,
-                                  self.out, self.lse, kernel=kernel)
+                                  self.out, self.lse, kernel=kernel, pdl=self.pdl)
+        self.pdl = self._group.pdl
         bn = self._group.block_n
         tiles = -(-max_context // bn)
         self.partition_size = -(-tiles // parts) * bn   # keys of a part, at most

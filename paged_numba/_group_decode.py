@@ -126,12 +126,15 @@ class GroupDecode:
     ``part_out [num_seqs, num_parts, num_heads, head_size]`` and ``part_lse
     [num_seqs, num_parts, num_heads]`` float32 hold the split's partial states.
     The scratch is zeroed and the fixed index arrays uploaded on numba stream
-    ``stream``, the launches' (None, for a plan: done when the constructor returns)."""
+    ``stream``, the launches' (None, for a plan: done when the constructor returns).
+    ``pdl`` (split, with the merge a kernel of its own): the merge is launched
+    to start early (:mod:`paged_numba.kernels.pdl`); ``self.pdl`` says whether
+    it applies."""
 
     BLOCK_N = BLOCK_N
 
     def __init__(self, cache, num_seqs, num_heads, hpb, num_parts, scale, variants, out, lse,
-                 kernel=None, stream=None):
+                 kernel=None, stream=None, pdl=False):
         self.cache, self.num_seqs, self.num_heads = cache, num_seqs, num_heads
         self.heads_per_block, self.num_parts = hpb, num_parts
         kernel = DEFAULT_KERNEL if kernel is None else kernel     # checked by group_kernel
@@ -148,7 +151,7 @@ class GroupDecode:
             self.kernel = prefill_wgmma_ws.prefill_wgmma_ws_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
                 4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages,
-                merge_parts=fused)
+                merge_parts=fused, pdl=pdl and num_parts > 1 and not fused)
             self.threads = self.kernel.block_threads
         else:
             if sim:
@@ -160,7 +163,8 @@ class GroupDecode:
             self.num_warps = max(1, hpb // 16)
             self.kernel = prefill_tc.prefill_tc_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
-                self.num_warps, fast_exp2=True, split_k=num_parts > 1)
+                self.num_warps, fast_exp2=True, split_k=num_parts > 1,
+                pdl=pdl and num_parts > 1)
             self.threads = 32 * self.num_warps
         self.block_n = block_n
         self.grid = (num_seqs, num_heads // hpb, num_parts)
@@ -178,13 +182,19 @@ class GroupDecode:
         self._scale, self._variants = np.float32(scale), variants
         self.merge = None
         self.fused_merge = fused
+        self.pdl = bool(pdl) and num_parts > 1 and not fused
         self._tickets = ()
         if fused:       # the kernel's last part of each item merges: no merge launch
             self._tickets = (_arrays.zeros(num_seqs * (num_heads // hpb), np.int32, stream),)
         elif num_parts > 1 and num_seqs:
-            self.merge = _launch.PackedLaunch(merge_kernel(cache.dtype.name),
-                                              (num_heads, num_seqs), 128,
-                                              (out, lse, self.part_out, self.part_lse))
+            self.merge = self._merge_launch(out, lse)
+
+    def _merge_launch(self, out, lse):
+        """The split-K merge of the partial states into ``out`` and ``lse``."""
+        kernel = merge_kernel(self.cache.dtype.name, **({"pdl": True} if self.pdl else {}))
+        return _launch.PackedLaunch(kernel, (self.num_heads, self.num_seqs), 128,
+                                    (out, lse, self.part_out, self.part_lse),
+                                    programmatic=self.pdl)
 
     def launches(self, q, tables, lens, out=None, lse=None):
         """The packed launches (kernel, then merge where split) for these
@@ -198,9 +208,7 @@ class GroupDecode:
         elif self.fused_merge:
             merge = None
         elif merge is not None and (out is not self.out or lse is not self.lse):
-            merge = _launch.PackedLaunch(merge_kernel(c.dtype.name), (self.num_heads,
-                                                                      self.num_seqs), 128,
-                                         (out, lse, part_out, part_lse))
+            merge = self._merge_launch(out, lse)
         args = (part_out, part_lse, q, c.key_cache, c.value_cache, tables,
                 *self._fixed, lens, *self._tiles, self._scale, np.int32(0), *self._variants,
                 c.errors)

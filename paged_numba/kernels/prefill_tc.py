@@ -53,6 +53,7 @@ from .access import device_function
 from .async_copy import commit_group
 from .decode import LOG2E
 from .mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
+from .pdl import launch_dependents
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import (  # noqa: F401  (the tiling's names, kept here too)
     DTYPES, LAYOUTS, MAX_SHARED_BYTES, STAGES, prefill_tc_config, shared_bytes, supports,
@@ -67,7 +68,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       persistent=False, guard=True, lazy_rescale=False, timeline=False,
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
                       producer_registers=None, split_halves=False, mbarriers=False,
-                      tensor_maps=False, lean_loop=False, split_rings=False):
+                      tensor_maps=False, lean_loop=False, split_rings=False, pdl=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -138,13 +139,19 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     error array, for experiments (:mod:`kernels.timeline`). ``kv_dtype`` (with
     ``producer``) takes an fp8 cache of that format, ``dtype`` being the
     queries' (:mod:`kernels.prefill_fp8`; the kernel then takes the cache's
-    ``kv_scales`` last)."""
+    ``kv_scales`` last). ``pdl`` (with ``split_k``; not the warpgroup kernel
+    without a producer) has each block let the merge launched after it start
+    early (:mod:`.pdl`)."""
     if not supports(head_size, dtype, layout):
         raise ValueError(f"no tensor-core prefill kernel for head_size={head_size}, {dtype}, "
                          f"{layout}")
     if tensor_maps and not (wgmma and producer):
         raise ValueError(f"tensor_maps=True runs on the producer kernel only: wgmma=True, "
                          f"producer=True, but got wgmma={wgmma}, producer={producer}")
+    if pdl and not (split_k and (producer or not wgmma)):
+        raise ValueError(f"pdl=True lets a split-K merge start early: it needs split_k=True and "
+                         f"not the warpgroup kernel without a producer, but got "
+                         f"split_k={split_k}, wgmma={wgmma}, producer={producer}")
     if kv_dtype is not None and not (wgmma and producer):
         raise ValueError(f"an fp8 cache (kv_dtype={kv_dtype!r}) runs on the producer kernel "
                          f"only: wgmma=True, producer=True")
@@ -171,7 +178,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            producer_registers=producer_registers,
                                            split_halves=split_halves, mbarriers=mbarriers,
                                            tensor_maps=tensor_maps, lean_loop=lean_loop,
-                                           q_in_regs=bool(q_in_regs), split_rings=split_rings)
+                                           q_in_regs=bool(q_in_regs), split_rings=split_rings,
+                                           pdl=pdl)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
                 or mbarriers or lean_loop or split_rings):
@@ -205,6 +213,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     BN, Q_OFF, KV_OFF, KV_HEAD_AXIS, SMEM_T = P.BN, P.Q_OFF, P.KV_OFF, P.KV_HEAD_AXIS, P.SMEM_T
     NSTAGES = P.STAGES
     FMA = bool(fma_softmax)
+    PDL = bool(pdl)
     mma = mma_m16n8k16(dtype)
     pack, wait_all = P.pack, P.wait_all
     slot, row_of, chunk_of = P.slot, P.row_of, P.chunk_of
@@ -247,6 +256,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     def paged_prefill_tc_kernel(out, lse, query, key_cache, value_cache, block_tables,
                                 cu_seqlens_q, seq_lens, tile_seq, tile_q0, scale, causal,
                                 alibi_slopes, soft_cap, window, errors):
+        if PDL:
+            launch_dependents()
         tid = int32(cuda.threadIdx.x)
         lane = int32(tid % 32)
         warp = int32(tid // 32)

@@ -57,6 +57,7 @@ from .prefill_split_ring import HALF, split_ring_parts
 from .prefill_tc_io import cuda_function
 from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
+from .pdl import launch_dependents
 from .prefill_tma import tma_parts
 from .prefill_wgmma import product_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
@@ -91,7 +92,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
                             split_halves=False, mbarriers=False, tensor_maps=False,
                             merge_parts=False, lean_loop=False, q_in_regs=False,
-                            split_rings=False):
+                            split_rings=False, pdl=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -190,11 +191,19 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     copying keys and warps 2-3 values (:mod:`kernels.prefill_split_ring`):
     the loop never needs a tile's keys and values at once, so two stages a
     ring keep the lookahead of a joint ring of three, and a tile of twice
-    the keys fits at head size 256."""
+    the keys fits at head size 256.
+
+    ``pdl=True`` (with ``split_k``, not ``merge_parts``): each block lets the
+    merge kernel launched after it start early (:mod:`.pdl`)."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
                   lean_loop)
+    if pdl and not (split_k and not merge_parts):
+        raise ValueError(f"pdl=True lets a separate split-K merge start early: it needs "
+                         f"split_k=True and merge_parts=False, but got split_k={split_k}, "
+                         f"merge_parts={merge_parts}")
+    PDL = bool(pdl)
     SPLIT_RINGS = bool(split_rings)
     FP8 = kv_dtype is not None
     STAGES = int(stages)
@@ -289,6 +298,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     def body(out, lse, query, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens,
              tile_seq, tile_q0, scale, causal, alibi_slopes, soft_cap, window, errors,
              kv_scales, maps, merged):
+        if PDL:
+            launch_dependents()
         tid = int32(cuda.threadIdx.x)
         num_heads = query.shape[1]
         group = num_heads // key_cache.shape[KV_HEAD_AXIS]

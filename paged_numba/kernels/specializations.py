@@ -202,6 +202,13 @@ def all_specializations(layouts=LAYOUTS, dtypes=DTYPES, block_sizes=BLOCK_SIZES)
     yield ("prefill_wgmma_ws hs=128 float16 nhd hpb=32 bn=64 warps=4 split merge_parts",
            prefill_wgmma_ws_kernel(128, 16, 32, 64, "float16", "nhd", 4, fast_exp2=True,
                                    split_k=True, swizzle=True, merge_parts=True), split_sig)
+    # ... and both MQA tiles, split, letting the merge kernel start early
+    yield ("prefill_wgmma_ws hs=128 float16 nhd hpb=32 bn=64 warps=4 split pdl",
+           prefill_wgmma_ws_kernel(128, 16, 32, 64, "float16", "nhd", 4, fast_exp2=True,
+                                   split_k=True, swizzle=True, pdl=True), split_sig[:16])
+    yield ("prefill_tc hs=128 float16 nhd hpb=32 bn=64 warps=2 split pdl",
+           prefill_tc_kernel(128, 16, 32, 64, "float16", "nhd", 2, fast_exp2=True,
+                             split_k=True, pdl=True), split_sig[:16])
     # an fp8 cache on the producer kernel at sm_90's default tiling (fp16 queries)
     hpb, _, bn, nw, opts = prefill_tc_config(128, 4, None, "nhd", sm90=True)
     yield (f"prefill_tc hs=128 float8_e4m3fn queries=float16 nhd hpb={hpb} bn={bn} warps={nw} "
