@@ -10,7 +10,9 @@ without ``group_kernel`` (the 16-head decode kernel for groups of 16);
 ``--wgmma-tilings 64x4 128x3`` times the ``"wgmma"`` tile with those keys a
 tile and ring stages (``_group_decode.WGMMA_TILING``), and ``--fused-merge``
 adds it with the split-K merge inside the kernel
-(``_group_decode.WGMMA_FUSED_MERGE``); ``--pdl`` times each split
+(``_group_decode.WGMMA_FUSED_MERGE``); ``--wgmma-options mbarriers`` times the ``"wgmma"`` tile
+also with those options of its producer kernel
+(``_group_decode.WGMMA_OPTIONS``, rows marked with them); ``--pdl`` times each split
 configuration again with the merge launched early (``DecodePlan(pdl=True)``,
 rows marked ``pdl``).
 """
@@ -32,6 +34,9 @@ def main():
     ap.add_argument("--parts", nargs="+", type=int, default=[0, 1, 2, 4])
     ap.add_argument("--wgmma-tilings", nargs="+", default=["64x4"], metavar="NxS")
     ap.add_argument("--fused-merge", action="store_true")
+    ap.add_argument("--wgmma-options", nargs="+", default=[], metavar="OPTION",
+                    help="also time the wgmma tile with these producer-kernel options on "
+                         "(e.g. mbarriers)")
     ap.add_argument("--pdl", action="store_true",
                     help="also time each configuration with DecodePlan(pdl=True)")
     ap.add_argument("--head-size", type=int, default=128)
@@ -49,6 +54,8 @@ def main():
               f"{sdpa['gbps']:.0f} GB/s", flush=True)
         runs = [(k, None) for k in args.kernels if k != "wgmma"]
         runs += [("wgmma", t) for t in args.wgmma_tilings if "wgmma" in args.kernels]
+        runs += [("wgmma", t + "+" + "+".join(args.wgmma_options))
+                 for t in args.wgmma_tilings if "wgmma" in args.kernels and args.wgmma_options]
         runs += [("wgmma", t + "+merge") for t in args.wgmma_tilings
                  if "wgmma" in args.kernels and args.fused_merge]
         runs = [(k, t, pdl) for k, t in runs      # each with and without pdl, one after the other
@@ -56,9 +63,10 @@ def main():
                             else (False,))]
         for kernel, tiling, pdl in runs:
             if tiling is not None:
-                _group_decode.WGMMA_FUSED_MERGE = tiling.endswith("+merge")
-                _group_decode.WGMMA_TILING = tuple(
-                    int(x) for x in tiling.removesuffix("+merge").split("x"))
+                size, *extra = tiling.split("+")
+                _group_decode.WGMMA_FUSED_MERGE = "merge" in extra
+                _group_decode.WGMMA_OPTIONS = {o: True for o in extra if o != "merge"}
+                _group_decode.WGMMA_TILING = tuple(int(x) for x in size.split("x"))
             rows = bench_config(*cfg, tables=("random",), sdpa=False, reps=args.reps,
                                 partitions=parts,
                                 tuning=({} if kernel == "default" else dict(group_kernel=kernel))

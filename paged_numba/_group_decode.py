@@ -38,6 +38,9 @@ WGMMA_TILING = (64, prefill_wgmma_ws.STAGES)
 # the "wgmma" tile's split-K merge by the last part of each item, in the kernel
 # (kernels.merge_tail) rather than by a second launch; an experiment's knob
 WGMMA_FUSED_MERGE = False
+# more options of the "wgmma" tile's producer kernel (e.g. {"mbarriers": True}:
+# the copies arrive at the stages' mbarriers as they land); an experiment's knob
+WGMMA_OPTIONS = {}
 NAMED_MIN_GROUP = 16  # a kernel named by the caller: groups from 16
 
 
@@ -151,7 +154,7 @@ class GroupDecode:
             self.kernel = prefill_wgmma_ws.prefill_wgmma_ws_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
                 4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages,
-                merge_parts=fused, pdl=pdl and num_parts > 1 and not fused)
+                merge_parts=fused, pdl=pdl and num_parts > 1 and not fused, **WGMMA_OPTIONS)
             self.threads = self.kernel.block_threads
         else:
             if sim:

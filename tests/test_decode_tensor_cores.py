@@ -324,3 +324,24 @@ def test_wgmma_group_decode_merges_in_the_kernel_bit_for_bit(monkeypatch):
         assert np.array_equal(a, b) and np.array_equal(a_lse, b_lse)
     assert np.isneginf(got[True][1][1][1]).all()
     assert not np.array_equal(got[True][0][0], got[True][1][0])
+
+
+def test_wgmma_group_decode_with_mbarriers_bit_for_bit(monkeypatch):
+    """The ``"wgmma"`` tile's producer with its copies arriving at the stages'
+    mbarriers (one consumer warpgroup: ``_group_decode.WGMMA_OPTIONS``) gives
+    the same bits as with the named full barriers, split and not."""
+    from paged_numba import _arrays, _group_decode
+    p = _problem([70, 0, 33], [[3, 0, 6, 2, 9], [-1] * 5, [1, 8, 4, -1, -1]], 16,
+                 head_size=64, num_heads=32, num_kv_heads=2)
+    q, k, v = p.arrays()
+    cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
+    dev = [_arrays.as_device(a, n)[0] for a, n in
+           ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
+    for parts in (1, 3):
+        got = []
+        for options in ({}, {"mbarriers": True}):
+            monkeypatch.setattr(_group_decode, "WGMMA_OPTIONS", options)
+            plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks,
+                                 num_partitions=parts, group_kernel="wgmma")
+            got.append((plan.run(*dev).copy_to_host().view(np.uint16), plan.lse.copy_to_host()))
+        assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1])

@@ -149,7 +149,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     128-byte column group's rows one after another), the products'
     descriptors to match; the arithmetic is unchanged.
 
-    ``mbarriers=True`` (with ``pingpong``, not fp8): each stage's *full*
+    ``mbarriers=True`` (with ``pingpong`` or one consumer warpgroup, not fp8):
+    each stage's *full*
     barrier is an mbarrier (:mod:`kernels.tma`) at which every producer
     thread arrives through ``cp.async.mbarrier.arrive.noinc`` right after
     issuing its copies of the stage, so the hardware arrives for it once

@@ -77,10 +77,11 @@ def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle
     if persistent and not pingpong:
         raise ValueError("persistent=True needs pingpong=True (the turns order the warpgroups' "
                          "reuse of their query rows)")
-    if mbarriers and (not pingpong or kv_dtype is not None):
+    if mbarriers and (not (pingpong or num_warps == 4) or kv_dtype is not None):
         raise ValueError(f"mbarriers=True needs pingpong=True (its turns order the warpgroups' "
-                         f"query rows) and no fp8 cache (whose producer widens the tiles "
-                         f"itself), but got pingpong={pingpong}, kv_dtype={kv_dtype!r}")
+                         f"query rows) or one consumer warpgroup (num_warps=4), and no fp8 "
+                         f"cache (whose producer widens the tiles itself), but got "
+                         f"pingpong={pingpong}, num_warps={num_warps}, kv_dtype={kv_dtype!r}")
     if split_halves and not swizzle:
         raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
     if merge_parts and (not split_k or persistent or kv_dtype is not None or tensor_maps):
