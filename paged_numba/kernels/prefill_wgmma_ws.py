@@ -363,7 +363,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
                     rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
                     tables)
-                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane)
                 qbase = int32(par * Q2_DELTA)
                 if ntiles > 0 and not have:
                     # its own rows: this warp's products and stores of the item
@@ -394,6 +393,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         cuda.syncwarp()
                         load_q_words(qa, words, qbase, warp, r, c)
                 mark(errors, rnd, 1 + cwg, 1, ct)
+                # the next item's entries asked for after the fence above: its
+                # MEMBAR would wait for a load still in flight
+                next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane)
                 any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
                 alibi = cuda.any_sync(FULL_MASK, any_slope)
                 iq = qscale * kv_scales[0, h0 // group] if FP8 else qscale   # K's codes' scale
