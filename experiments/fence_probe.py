@@ -25,19 +25,9 @@ from numba import cuda, float32, types
 from numba.cuda.extending import intrinsic
 
 from paged_numba.kernels.async_copy import commit_group, copy16_async, wait_group
+from paged_numba.kernels.pdl import _statement     # an inline-PTX statement (GPU only)
 
 STRIDE = 1 << 16        # elements (float32) between two sources: 256 KB apart
-
-
-def _statement(text):
-    @intrinsic
-    def statement(typingctx):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.VoidType(), [])
-            builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
-            return context.get_dummy_value()
-        return types.void(), codegen
-    return statement
 
 
 @intrinsic
