@@ -72,6 +72,9 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
                                                      swizzle=True, mbarriers=True)), {}),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
         WS["kernel_options"], pingpong=True, persistent=3, stages=3, mbarriers=True)), {}),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=3, stages=3,
+        mbarriers=True, lean_loop=True)), {}),
     (WS_LONG, True, dict(WS_ONE, kernel_options=dict(WS["kernel_options"], q_in_regs=True)), {}),
     (WS_LONG, True, dict(WS_TWO, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
@@ -81,7 +84,7 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
          "prefetch-swizzled-window", "persistent-split-k-ranges", "mbarriers",
-         "mbarriers-persistent", "queries-in-registers", "queries-in-registers-default-loop",
+         "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers", "queries-in-registers-default-loop",
          "queries-in-registers-head-128-split"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
@@ -97,7 +100,8 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     blocks of two items, swizzled, not causal, with a window); two blocks of
     two items with split-K and a window, the next ranges read ahead; the
     copies arriving at mbarriers (``mbarriers``: 7 tiles round a 4-stage ring,
-    the phases' parity alternating; and across persistent blocks' items); the
+    the phases' parity alternating; and across persistent blocks' items, also
+    with the lean loop); the
     queries as the register A operand of ``S = Q K^T`` (``q_in_regs``: one
     warpgroup; the default's loop, swizzled, persistent, lean; head size 128
     in the copy engine's layout)."""
