@@ -46,6 +46,7 @@ def main():
     import torch
     print(f"{torch.cuda.get_device_name()}: device copy {copy_gbps():.0f} GB/s (read + write)")
     parts = [None if p == 0 else p for p in args.parts]
+    default_tiling = "x".join(map(str, _group_decode.WGMMA_TILING))
     for case in args.cases:
         batch, context, heads, kv_heads = GROUPS[case]
         cfg = (batch, context, heads, kv_heads, args.head_size, 16, args.dtype)
@@ -62,15 +63,15 @@ def main():
                 for pdl in ((False, True) if args.pdl and not (t or "").endswith("+merge")
                             else (False,))]
         for kernel, tiling, pdl in runs:
-            if tiling is not None:
-                size, *extra = tiling.split("+")
-                _group_decode.WGMMA_FUSED_MERGE = "merge" in extra
-                _group_decode.WGMMA_OPTIONS = {o: True for o in extra if o != "merge"}
-                _group_decode.WGMMA_TILING = tuple(int(x) for x in size.split("x"))
+            size, *extra = (tiling or default_tiling).split("+")    # the knobs of this run
+            _group_decode.WGMMA_FUSED_MERGE = "merge" in extra
+            _group_decode.WGMMA_OPTIONS = {o: True for o in extra if o != "merge"}
+            _group_decode.WGMMA_TILING = tuple(int(x) for x in size.split("x"))
+            tuning = {} if kernel == "default" else {"group_kernel": kernel}
+            if pdl:
+                tuning["pdl"] = True
             rows = bench_config(*cfg, tables=("random",), sdpa=False, reps=args.reps,
-                                partitions=parts,
-                                tuning=({} if kernel == "default" else dict(group_kernel=kernel))
-                                | ({"pdl": True} if pdl else {}) or None)
+                                partitions=parts, tuning=tuning or None)
             for r in rows:
                 name = r['impl_detail'] + (' ' + tiling if tiling else '') + (' pdl' if pdl else '')
                 print(f"  {name:>50} "

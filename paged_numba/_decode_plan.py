@@ -12,7 +12,6 @@ from ._group_decode import group_kernel as group_kernel_of
 from .cache import kernel_scales
 from .interop import LikeInput, cache_inputs, plan_buffer
 from .interop import overlaps as _overlaps
-from .kernels.merge import merge_kernel
 from .kernels.tuning import STAGES, UNROLL
 
 _int32_device, _variants = V.int32_device, V.variants
@@ -171,12 +170,9 @@ class DecodePlan:
         self._merge = (self._merge_launch(self.out, self.lse) if p > 1 and n else None)
 
     def _merge_launch(self, out, lse):
-        """The split-K merge of the partial states into ``out`` and ``lse``
-        (with ``pdl``: launched to start early, waiting for them itself)."""
-        n, h = self.num_seqs, self.num_heads
-        kernel = merge_kernel(self.query_dtype.name, **({"pdl": True} if self.pdl else {}))
-        return _launch.PackedLaunch(kernel, (h, n), 128, (out, lse, self.part_out, self.part_lse),
-                                    programmatic=self.pdl)
+        """The split-K merge of the partial states into ``out`` and ``lse``."""
+        return _launch.merge_launch(self.query_dtype.name, out, lse, self.part_out,
+                                    self.part_lse, self.pdl)
 
     def _plan_group(self, tile, num_partitions, max_context, kernel):
         n, h, d = self.num_seqs, self.num_heads, self.cache.head_size

@@ -23,7 +23,6 @@ import numpy as np
 
 from . import _arrays, _launch, _simulator
 from .kernels import prefill_tc, prefill_wgmma_ws
-from .kernels.merge import merge_kernel
 from .kernels.merge_tail import merge_tail_bytes
 
 MIN_GROUP = 32      # below, the decode kernels (8 heads a block) were faster on the H200
@@ -194,10 +193,8 @@ class GroupDecode:
 
     def _merge_launch(self, out, lse):
         """The split-K merge of the partial states into ``out`` and ``lse``."""
-        kernel = merge_kernel(self.cache.dtype.name, **({"pdl": True} if self.pdl else {}))
-        return _launch.PackedLaunch(kernel, (self.num_heads, self.num_seqs), 128,
-                                    (out, lse, self.part_out, self.part_lse),
-                                    programmatic=self.pdl)
+        return _launch.merge_launch(self.cache.dtype.name, out, lse, self.part_out,
+                                    self.part_lse, self.pdl)
 
     def launches(self, q, tables, lens, out=None, lse=None):
         """The packed launches (kernel, then merge where split) for these

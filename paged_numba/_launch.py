@@ -27,6 +27,7 @@ import numpy as np
 from numba import config, cuda
 
 from .kernels.disk_cache import attach as keep_on_disk
+from .kernels.merge import merge_kernel
 
 # the occupancy model lives with the kernels; these names are kept here too
 from .kernels.tuning import (  # noqa: F401
@@ -228,6 +229,18 @@ class PackedLaunch:
                                 self._address, 0)
         if err != self._ok:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+def merge_launch(out_dtype, out, lse, part_out, part_lse, pdl=False):
+    """The split-K merge of ``part_out [n, P, H, D]`` and ``part_lse [n, P, H]``
+    into ``out [n, H, D]`` (of ``out_dtype``) and ``lse [n, H]``, packed;
+    ``pdl``: launched to start early, each block waiting for the partial
+    states itself (:mod:`paged_numba.kernels.pdl`)."""
+    n, _, h, _ = part_out.shape
+    # no pdl keyword otherwise: merge_kernel is cached on its arguments as given
+    kernel = merge_kernel(out_dtype, **({"pdl": True} if pdl else {}))
+    return PackedLaunch(kernel, (h, n), 128, (out, lse, part_out, part_lse),
+                        programmatic=pdl)
 
 
 @functools.cache

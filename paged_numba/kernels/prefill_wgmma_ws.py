@@ -150,8 +150,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     descriptors to match; the arithmetic is unchanged.
 
     ``mbarriers=True`` (with ``pingpong`` or one consumer warpgroup, not fp8):
-    each stage's *full*
-    barrier is an mbarrier (:mod:`kernels.tma`) at which every producer
+    each stage's *full* barrier is an mbarrier (:mod:`kernels.tma`) at which every producer
     thread arrives through ``cp.async.mbarrier.arrive.noinc`` right after
     issuing its copies of the stage, so the hardware arrives for it once
     they land: the producer never waits for its own copies and runs ahead
@@ -199,11 +198,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
-                  lean_loop)
-    if pdl and not (split_k and not merge_parts):
-        raise ValueError(f"pdl=True lets a separate split-K merge start early: it needs "
-                         f"split_k=True and merge_parts=False, but got split_k={split_k}, "
-                         f"merge_parts={merge_parts}")
+                  lean_loop, pdl)
     PDL = bool(pdl)
     SPLIT_RINGS = bool(split_rings)
     FP8 = kv_dtype is not None

@@ -34,7 +34,7 @@ def register_split(producer_registers):
 def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs=False,
-                  split_rings=False, lean_loop=False):
+                  split_rings=False, lean_loop=False, pdl=False):
     """Raise ``ValueError`` naming the option for a combination the producer
     kernel does not take (its factory's arguments, as given there)."""
     if not supports(head_size, dtype, layout):
@@ -82,6 +82,10 @@ def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle
                          f"query rows) or one consumer warpgroup (num_warps=4), and no fp8 "
                          f"cache (whose producer widens the tiles itself), but got "
                          f"pingpong={pingpong}, num_warps={num_warps}, kv_dtype={kv_dtype!r}")
+    if pdl and not (split_k and not merge_parts):
+        raise ValueError(f"pdl=True lets a separate split-K merge start early: it needs "
+                         f"split_k=True and merge_parts=False, but got split_k={split_k}, "
+                         f"merge_parts={merge_parts}")
     if split_halves and not swizzle:
         raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
     if merge_parts and (not split_k or persistent or kv_dtype is not None or tensor_maps):
