@@ -7,13 +7,17 @@ without the stamps (the cost of observing it).
     python3 experiments/timeline_prefill.py --case full-128x128 causal-8x2048
     python3 experiments/timeline_prefill.py --case causal-8x2048 --prefetch-queries
 
-Phases of a consumer warpgroup's item: ``query`` (from the item's start to
-its query rows landing), ``keys`` (its products and softmax over the item's
-key tiles), ``store`` (the output stores), ``gap`` (from the end of its
-stores to its next item's start). The producer's: ``range`` (the item's
-sequence and key range), ``first`` (the first tile's table lookups and
-copies issued: it waits there for a free ring stage), ``rest`` (the other
-tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the item's key tiles.
+Phases of a consumer warpgroup's item (``kernels.timeline.POINTS``): ``range``
+(its sequence and rows), ``copy`` (its query copies issued), ``wait`` (until
+they landed), ``fence`` (the cross-proxy fence after them), ``keys`` (its
+products and softmax over the item's key tiles), ``bounds`` (the next item's
+bounds read ahead, where asked), ``store`` (the output stores issued), ``gap``
+(from the end of its stores to its next item's start); ``query`` sums the
+four phases before ``keys``. The producer's: ``setup`` (its copy strides),
+``range`` (the item's sequence and key range), ``first`` (the first tile's
+table lookups and copies issued: it waits there for a free ring stage),
+``rest`` (the other tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the
+item's key tiles.
 Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
 ``--prefetch-queries`` and ``--prefetch-ranges`` add those kernel options, timed and
 stamped).
@@ -27,11 +31,8 @@ from numba import cuda
 
 import paged_numba as pn
 from paged_numba.kernels import prefill_tc
-from paged_numba.kernels.timeline import read_timeline, timeline_words
+from paged_numba.kernels.timeline import POINTS, read_timeline, timeline_words
 from tune_prefill import CASES, make, timed
-
-PHASES = {0: ("range", "first", "rest"), 1: ("query", "keys", "store"),
-          2: ("query", "keys", "store")}
 
 
 def item_tiles(plan, cu, lens):
@@ -52,18 +53,22 @@ def summarise(stamps, plan, items_tiles):
     blocks = stamps.shape[0]
     grid = plan._grid[0]
     out = {}
-    for role, names in PHASES.items():
-        rows = {n: [] for n in (*names, "gap")}
+    for role, points in enumerate(POINTS):
+        order = [k for k, _ in points]
+        names = [n for _, n in points[1:]]
+        rows = {n: [] for n in ("query", *names, "gap") if role > 0 or n != "query"}
         per_tile = []
         for b in range(blocks):
             t = stamps[b, :, role, :]
             real = np.flatnonzero(t[:, 0])
             for i, rnd in enumerate(real):
                 a = t[rnd]
-                if not a.all():
+                if not a[order].all():
                     continue
-                for k, n in enumerate(names):
-                    rows[n].append((a[k + 1] - a[k]) / 1e3)
+                for k0, k1, n in zip(order, order[1:], names):
+                    rows[n].append((a[k1] - a[k0]) / 1e3)
+                if role > 0:
+                    rows["query"].append((a[1] - a[0]) / 1e3)
                 if i + 1 < len(real):
                     rows["gap"].append((t[real[i + 1], 0] - a[3]) / 1e3)
                 if role > 0:

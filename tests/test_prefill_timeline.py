@@ -7,7 +7,7 @@ from numba import cuda
 
 import paged_numba as pn
 from paged_numba.kernels import prefill_tc
-from paged_numba.kernels.timeline import ROUNDS, read_timeline, timeline_words
+from paged_numba.kernels.timeline import POINTS, ROUNDS, STAMPS, read_timeline, timeline_words
 from test_prefill import WS, WS_HEADS, WS_TWO
 
 
@@ -15,7 +15,8 @@ def test_timeline_stamps_every_item_and_changes_nothing():
     """Eight (tile, head block) items on three persistent blocks (serpentine:
     blocks 0 and 1 take three, block 2 two): the output is bit for bit the
     kernel's without stamps; each warpgroup of a block stamps exactly its
-    items, each item's four points in order, each item after the last."""
+    items, each item's points in the order ``POINTS`` gives, each item after the
+    last."""
     p = WS_HEADS
     tiling = dict(WS_TWO, heads_per_block=1, kernel_options=dict(
         WS["kernel_options"], pingpong=True, persistent=3, stages=3))
@@ -37,13 +38,16 @@ def test_timeline_stamps_every_item_and_changes_nothing():
     errors = cache._errors.copy_to_host()
     assert not errors[:4].any()                      # no offence recorded
     stamps = read_timeline(errors, blocks)
-    assert stamps.shape == (3, ROUNDS, 3, 4)
+    assert stamps.shape == (3, ROUNDS, 3, STAMPS)
     for b, items in enumerate((3, 3, 2)):
         for role in range(3):
+            order = [k for k, _ in POINTS[role]]
+            unused = [k for k in range(STAMPS) if k not in order]
             t = stamps[b, :, role]
-            assert (t[:items] > 0).all() and not t[items:].any(), (b, role)
-            assert (np.diff(t[:items], axis=1) >= 0).all(), (b, role)
-            assert (t[1:items, 0] >= t[:items - 1, 3]).all(), (b, role)
+            assert (t[:items][:, order] > 0).all() and not t[items:].any(), (b, role)
+            assert not t[:, unused].any(), (b, role)
+            assert (np.diff(t[:items][:, order], axis=1) >= 0).all(), (b, role)
+            assert (t[1:items, 0] >= t[:items - 1, order[-1]]).all(), (b, role)
 
 
 def test_timeline_needs_persistent_producer():

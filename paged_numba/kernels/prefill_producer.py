@@ -108,6 +108,7 @@ def joint_producer(P, I, R, mark, merge, fp8=None, tmaps=None, mbar_at=None):
                 else:
                     kstr = k_strides(key_cache, kvh, chunk_of(tid))
                     vstr = v_strides(value_cache, kvh, chunk_of(tid))
+                mark(errors, rnd, 0, 4, tid)
                 seq, kv_lo, kv_hi, ntiles, kv_first = open_item(
                     rnd, tile, h0, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
                     window, tables, items, num_heads, tid, mrows)
@@ -195,6 +196,7 @@ def split_producer(P, I, R, mark, merge):
                 kvh = h0 // group
                 kstr = k_strides(key_cache, kvh, chunk_of(htid))
                 vstr = v_strides(value_cache, kvh, chunk_of(htid))
+                mark(errors, rnd, 0, 4, tid)
                 seq, kv_lo, kv_hi, ntiles, kv_first = open_item(
                     rnd, tile, h0, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal,
                     window, tables, items, num_heads, tid, mrows)

@@ -129,9 +129,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``timeline=True`` (with ``persistent``), for experiments: the kernel
     stamps each of its block's items in the error array, which must then have
     :func:`kernels.timeline.timeline_words` words; the producer at the item's
-    start, after its range, after its first tile's copies are issued and after
-    its last; a consumer warpgroup at the item's start, when its queries have
-    landed, after its products and after its stores (:mod:`kernels.timeline`).
+    start, after its registers' set-up, after its range, after its first
+    tile's copies are issued and after its last; a consumer warpgroup at the
+    item's start, after its range, after its query copies are issued, when they
+    have landed, after the fence that follows, after its products, before its
+    stores and after them (:mod:`kernels.timeline` numbers the points).
 
     ``kv_dtype`` ("float8_e4m3fn" or "float8_e5m2"; ``dtype`` is then the
     queries', fp16 or bf16): an fp8 cache, whose codes the producer copies
@@ -358,12 +360,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 seq, row0, q0, nq, pos0, kv_lo, kv_hi, ntiles, kv_first = item_range(
                     rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
                     tables)
+                mark(errors, rnd, 1 + cwg, 4, ct)
                 qbase = int32(par * Q2_DELTA)
                 if ntiles > 0 and not have:
                     # its own rows: this warp's products and stores of the item
                     # that last used them are done (program order)
                     load_queries(sm, qbase, query, lane, warp, row0, q0, nq, h0, num_heads)
                     commit_group()
+                mark(errors, rnd, 1 + cwg, 5, ct)
                 if PREFETCH:            # the next item's queries, into the other buffer
                     have = False
                     ntile, nh0, nreal = work_item(rnd + 1, items, num_heads)
@@ -381,15 +385,18 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                         wait_older()        # all but the next item's copies
                     else:
                         wait_all()
+                    mark(errors, rnd, 1 + cwg, 6, ct)
                     # visible to the tensor cores after the first turn (or full)
                     # barrier, which every thread of the warpgroup passes
                     fence_proxy()
                     if Q_REGS:          # the warp's rows, copied by all its lanes
                         cuda.syncwarp()
                         load_q_words(qa, words, qbase, warp, r, c)
+                else:
+                    mark(errors, rnd, 1 + cwg, 6, ct)
                 mark(errors, rnd, 1 + cwg, 1, ct)
-                # the next item's entries asked for after the fence above: its
-                # MEMBAR would wait for a load still in flight
+                # the next item's entries asked for after the fence above (the
+                # fence does not wait for a load in flight: experiments/fence_probe.py)
                 next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane)
                 any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
                 alibi = cuda.any_sync(FULL_MASK, any_slope)
@@ -411,13 +418,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope,
                              c, pos0, nq, kv_first, kv_hi, ntiles, done, causal, window, iq,
                              soft_cap, cap2, alibi, sc, plain, (cwg, bars, boxed_below))
-                next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 mark(errors, rnd, 1 + cwg, 2, ct)
+                next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 if FP8:                 # V's codes' scale
                     vs = kv_scales[1, h0 // group]
                     for i in range(NTILE_O):
                         for e in range(4):
                             o[0, i, e] *= vs
+                mark(errors, rnd, 1 + cwg, 7, ct)
                 if SPLIT:
                     store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
                     store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)

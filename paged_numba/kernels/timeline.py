@@ -8,8 +8,15 @@ write them after the cache's error words::
 
     errors[WORDS + ((block * ROUNDS + round) * ROLES + role) * STAMPS + k]
 
-``role`` 0 is the producer warpgroup, 1 and 2 the consumer warpgroups. The
-caller gives the kernel an error array of :func:`timeline_words` words (zero
+``role`` 0 is the producer warpgroup, 1 and 2 the consumer warpgroups.
+:data:`POINTS` lists each role's points ``k`` in the order it passes them,
+with the name of the phase that ends at each (after the first): the
+producer's ``k`` 0 (the item's start), 4 (its registers set up), 1 (its range
+read), 2 (its first tile's copies issued), 3 (its last tile's); a consumer's
+0, 4 (its range), 5 (its query copies issued), 6 (landed), 1 (the fence
+after them), 2 (its products done), 7 (ready to store), 3 (its stores
+issued). Points 0-3 are the phases' old bounds (query, keys, store), so
+their differences read as before. The caller gives the kernel an error array of :func:`timeline_words` words (zero
 filled) instead of the cache's four, and reads it back with
 :func:`read_timeline`. A stamp is 0 where that point was not reached. The
 timeline is for experiments (``experiments/timeline_prefill.py``); the
@@ -24,7 +31,12 @@ from .guard import WORDS
 
 ROUNDS = 64       # items a block records
 ROLES = 3         # producer, consumer warpgroup 0, consumer warpgroup 1
-STAMPS = 4        # points an item
+STAMPS = 8        # points an item (the producer leaves 5-7 at 0)
+# each role's points in order, and the phase that ends at each point after the first
+PRODUCER_POINTS = ((0, "start"), (4, "setup"), (1, "range"), (2, "first"), (3, "rest"))
+CONSUMER_POINTS = ((0, "start"), (4, "range"), (5, "copy"), (6, "wait"), (1, "fence"),
+                   (2, "keys"), (7, "bounds"), (3, "store"))
+POINTS = (PRODUCER_POINTS, CONSUMER_POINTS, CONSUMER_POINTS)
 
 
 def timeline_words(blocks):
@@ -32,7 +44,7 @@ def timeline_words(blocks):
     thread blocks.
 
     >>> timeline_words(2)
-    1540
+    3076
     """
     return WORDS + blocks * ROUNDS * ROLES * STAMPS
 
@@ -42,7 +54,7 @@ def read_timeline(errors, blocks):
     ROLES, STAMPS]`` int64 nanoseconds (0: not reached).
 
     >>> read_timeline(np.arange(timeline_words(1)), 1)[0, 1, 2]
-    array([24, 25, 26, 27])
+    array([44, 45, 46, 47, 48, 49, 50, 51])
     """
     errors = np.asarray(errors)
     return errors[WORDS:timeline_words(blocks)].reshape(blocks, ROUNDS, ROLES, STAMPS)
@@ -66,4 +78,4 @@ else:
         return types.int64(), codegen
 
 
-__all__ = ["ROLES", "ROUNDS", "STAMPS", "globaltimer", "read_timeline", "timeline_words"]
+__all__ = ["POINTS", "ROLES", "ROUNDS", "STAMPS", "globaltimer", "read_timeline", "timeline_words"]
