@@ -3,6 +3,7 @@
     python experiments/bench_decode.py --grid headline --out results/decode_h200.csv
     python experiments/bench_decode.py --grid groups --impls paged_numba flashinfer
     python experiments/bench_decode.py --grid fp8 --out results/decode_fp8_h200.csv
+    python experiments/bench_decode.py --tuning --only pdl --cases group4-1x32768 group4-16x4096
 
 Cases (``--grid headline``; fp16, head size 128, block size 16): the five
 ``group4-BxC`` rows (B sequences of C tokens, 32 query / 8 KV heads), then
@@ -404,6 +405,10 @@ def main():
                     help="time kernel variants (v4 and tensor-core kernels, warps, ring depth, "
                          "the merge launched early (pdl); with an fp8 --kv-dtype also qk_fp8) "
                          "on the headline shapes, print only")
+    ap.add_argument("--only", nargs="+", default=None, metavar="KEY",
+                    help="with --tuning: only the variants that set one of these knobs "
+                         "(e.g. pdl qk_fp8 stages), and with --cases only those headline "
+                         "rows (group4-BxC)")
     ap.add_argument("--kv-dtype", default=None, metavar="DTYPE",
                     help="with --tuning: the cache's dtype (e.g. float8_e4m3fn; default the "
                          "queries' float16)")
@@ -428,8 +433,11 @@ def main():
         if args.kv_dtype and args.kv_dtype.startswith("float8"):   # Q K^T in fp8 too
             variants += [dict(tensor_cores=True, num_warps=4, stages=2, qk_fp8=True)]
         variants += [dict(pdl=False), dict(pdl=True)]   # the plan's defaults, merge early or not
+        if args.only:
+            variants = [v for v in variants if set(v) & set(args.only)]
+        rows = [(b, c) for b, c in HEADLINE if not args.cases or f"group4-{b}x{c}" in args.cases]
         for tuning in variants:
-            for b, c in HEADLINE:
+            for b, c in rows:
                 r = bench_config(b, c, 32, 8, 128, 16, "float16", args.kv_dtype,
                                  tables=("random",), sdpa=False, reps=15, tuning=tuning)[0]
                 print(" ".join(f"{k}={v}" for k, v in tuning.items()) + f" b={b} ctx={c} "
