@@ -16,8 +16,10 @@ read), 2 (its first tile's copies issued), 3 (its last tile's); a consumer's
 0, 4 (its range), 5 (its query copies issued), 6 (landed), 1 (the fence
 after them), 2 (its products done), 7 (ready to store), 3 (its stores
 issued). Points 0-3 are the phases' old bounds (query, keys, store), so
-their differences read as before. The caller gives the kernel an error array of :func:`timeline_words` words (zero
-filled) instead of the cache's four, and reads it back with
+their differences read as before.
+
+The caller gives the kernel an error array of :func:`timeline_words` words
+(zero filled) instead of the cache's four, and reads it back with
 :func:`read_timeline`. A stamp is 0 where that point was not reached. The
 timeline is for experiments (``experiments/timeline_prefill.py``); the
 kernels built without it are unchanged.
@@ -78,4 +80,5 @@ else:
         return types.int64(), codegen
 
 
-__all__ = ["POINTS", "ROLES", "ROUNDS", "STAMPS", "globaltimer", "read_timeline", "timeline_words"]
+__all__ = ["POINTS", "ROLES", "ROUNDS", "STAMPS", "globaltimer", "read_timeline",
+           "timeline_words"]
