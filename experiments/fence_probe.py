@@ -106,7 +106,9 @@ def main():
     out = cuda.device_array(128, np.float32)
     cycles = cuda.device_array(128, np.int64)
     name = cuda.get_current_device().name
-    print(f"{name.decode() if isinstance(name, bytes) else name}: cycles between two %clock64 reads around the fence (median of 128 threads x 20 launches)")
+    name = name.decode() if isinstance(name, bytes) else name
+    print(f"{name}: cycles between two %clock64 reads around the fence "
+          f"(median of 128 threads x 20 launches)")
     print(f"{'in flight':>34} " + " ".join(f"{f:>24}" for f in FENCES))
     for name, copies, load, store, waited in CASES:
         row = []

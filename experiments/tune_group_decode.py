@@ -73,7 +73,8 @@ def main():
             rows = bench_config(*cfg, tables=("random",), sdpa=False, reps=args.reps,
                                 partitions=parts, tuning=tuning or None)
             for r in rows:
-                name = r['impl_detail'] + (' ' + tiling if tiling else '') + (' pdl' if pdl else '')
+                name = (r['impl_detail'] + (' ' + tiling if tiling else '')
+                        + (' pdl' if pdl else ''))
                 print(f"  {name:>50} "
                       f"P={r['num_partitions']:<3} {r['us']:7.1f} us "
                       f"{r['gbps']:5.0f} GB/s {r['us'] / sdpa['us']:.3f}x SDPA "

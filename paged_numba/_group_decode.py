@@ -142,6 +142,8 @@ class GroupDecode:
         kernel = DEFAULT_KERNEL if kernel is None else kernel     # checked by group_kernel
         self.kind = kernel
         fused = False
+        # the merge launched early: split, with the merge a kernel of its own
+        self.pdl = bool(pdl) and num_parts > 1
         sim = _simulator.simulator_enabled()
         if kernel == "wgmma":
             # one consumer warpgroup: 64 rows, the heads of each query position
@@ -150,10 +152,11 @@ class GroupDecode:
             fused = (WGMMA_FUSED_MERGE and num_parts > 1
                      and merge_tail_bytes(hpb * (64 // hpb), num_parts) <= prefill_wgmma_ws
                      .ws_shared_bytes(cache.head_size, 4, block_n, stages))
+            self.pdl = self.pdl and not fused
             self.kernel = prefill_wgmma_ws.prefill_wgmma_ws_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
                 4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages,
-                merge_parts=fused, pdl=pdl and num_parts > 1 and not fused, **WGMMA_OPTIONS)
+                merge_parts=fused, pdl=self.pdl, **WGMMA_OPTIONS)
             self.threads = self.kernel.block_threads
         else:
             if sim:
@@ -165,8 +168,7 @@ class GroupDecode:
             self.num_warps = max(1, hpb // 16)
             self.kernel = prefill_tc.prefill_tc_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
-                self.num_warps, fast_exp2=True, split_k=num_parts > 1,
-                pdl=pdl and num_parts > 1)
+                self.num_warps, fast_exp2=True, split_k=num_parts > 1, pdl=self.pdl)
             self.threads = 32 * self.num_warps
         self.block_n = block_n
         self.grid = (num_seqs, num_heads // hpb, num_parts)
@@ -184,7 +186,6 @@ class GroupDecode:
         self._scale, self._variants = np.float32(scale), variants
         self.merge = None
         self.fused_merge = fused
-        self.pdl = bool(pdl) and num_parts > 1 and not fused
         self._tickets = ()
         if fused:       # the kernel's last part of each item merges: no merge launch
             self._tickets = (_arrays.zeros(num_seqs * (num_heads // hpb), np.int32, stream),)

@@ -84,7 +84,8 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
          "prefetch-swizzled-window", "persistent-split-k-ranges", "mbarriers",
-         "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers", "queries-in-registers-default-loop",
+         "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers",
+         "queries-in-registers-default-loop",
          "queries-in-registers-head-128-split"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
