@@ -10,9 +10,10 @@ without ``group_kernel`` (the 16-head decode kernel for groups of 16);
 ``--wgmma-tilings 64x4 128x3`` times the ``"wgmma"`` tile with those keys a
 tile and ring stages (``_group_decode.WGMMA_TILING``), and ``--fused-merge``
 adds it with the split-K merge inside the kernel
-(``_group_decode.WGMMA_FUSED_MERGE``); ``--wgmma-options mbarriers`` times the ``"wgmma"`` tile
-also with those options of its producer kernel
-(``_group_decode.WGMMA_OPTIONS``, rows marked with them); ``--pdl`` times each split
+(``_group_decode.WGMMA_FUSED_MERGE``); ``--wgmma-options mbarriers`` (or
+``alternate_tiles``, ``lean_loop``) times the ``"wgmma"`` tile also with those
+options of its producer kernel (``_group_decode.WGMMA_OPTIONS``, rows marked
+with them); ``--pdl`` times each split
 configuration again with the merge launched early (``DecodePlan(pdl=True)``,
 rows marked ``pdl``).
 """

@@ -148,14 +148,15 @@ class GroupDecode:
         if kernel == "wgmma":
             # one consumer warpgroup: 64 rows, the heads of each query position
             block_n, stages = (16, prefill_wgmma_ws.STAGES) if sim else WGMMA_TILING
-            self.num_warps = 4
+            # (alternate_tiles: two consumer warpgroups take every other tile of the rows)
+            self.num_warps = 8 if WGMMA_OPTIONS.get("alternate_tiles") else 4
             fused = (WGMMA_FUSED_MERGE and num_parts > 1
                      and merge_tail_bytes(hpb * (64 // hpb), num_parts) <= prefill_wgmma_ws
                      .ws_shared_bytes(cache.head_size, 4, block_n, stages))
             self.pdl = self.pdl and not fused
             self.kernel = prefill_wgmma_ws.prefill_wgmma_ws_kernel(
                 cache.head_size, cache.block_size, hpb, block_n, cache.dtype.name, cache.layout,
-                4, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages,
+                self.num_warps, fast_exp2=True, split_k=num_parts > 1, swizzle=True, stages=stages,
                 merge_parts=fused, pdl=self.pdl, **WGMMA_OPTIONS)
             self.threads = self.kernel.block_threads
         else:

@@ -3,6 +3,7 @@ variants (P @ V on tensor cores, keys by ldmatrix), the copy ring in dynamic sha
 memory and the launch shape, the block-number prefetch, the choice of kernel and
 its register cap, and MQA and large groups on the prefill tile."""
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -267,14 +268,17 @@ def test_large_group_decode_on_the_prefill_tile(p, num_partitions, variants):
     assert np.array_equal(got.view(np.uint16), np.asarray(out).view(np.uint16))
 
 
-@pytest.mark.parametrize("kernel", ["tile", "wgmma"])
+@pytest.mark.parametrize("kernel", ["tile", "wgmma", "wgmma+alternate_tiles"])
 @settings(max_examples=2) if SIM else (lambda f: f)
 @given(data=st.data())
 def test_group_decode_kernels_match_reference(kernel, data):
     """Either prefill tile named by ``DecodePlan(group_kernel=...)`` (which
     takes groups of 16 too) agrees with the float64 reference within the
-    prefill tile's bound, split or not."""
-    from paged_numba import _arrays
+    prefill tile's bound, split or not; so does the ``"wgmma"`` tile whose two
+    consumer warpgroups take alternate K/V tiles (``alternate_tiles``, through
+    ``_group_decode.WGMMA_OPTIONS``)."""
+    from paged_numba import _arrays, _group_decode
+    kernel, *options = kernel.split("+")
     p = data.draw(decode_problems(head_sizes=(64,) if SIM else (64, 128), block_sizes=(8, 16),
                                   layouts=("nhd", "hnd", "interleaved"),
                                   dtypes=("float16", "bfloat16"), groups=(16, 32), max_kv_heads=2,
@@ -283,9 +287,12 @@ def test_group_decode_kernels_match_reference(kernel, data):
     parts = data.draw(st.one_of(st.none(), st.integers(1, 3)), label="num_partitions")
     q, k, v = p.arrays()
     cache = pn.PagedKVCache.from_host(*p.layout_pools(k, v), p.layout)
-    plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks, num_partitions=parts,
-                         group_kernel=kernel, **extra)
+    with mock.patch.object(_group_decode, "WGMMA_OPTIONS", {o: True for o in options}):
+        plan = pn.DecodePlan(cache, p.num_seqs, p.num_heads, p.max_blocks,
+                             num_partitions=parts, group_kernel=kernel, **extra)
     assert plan._group is not None and plan._group.kind == kernel
+    assert plan._group.num_warps == (8 if options else 4 if kernel == "wgmma" else
+                                     plan._group.num_warps)
     dev = [_arrays.as_device(a, name)[0] for a, name in
            ((q, "query"), (p.block_tables, "block_tables"), (p.seq_lens, "seq_lens"))]
     out = _arrays.to_host(plan.run(*dev), cache.dtype)

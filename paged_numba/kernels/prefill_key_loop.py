@@ -41,7 +41,7 @@ def _no_pass(last, a):
 
 
 def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_pass,
-             lean=False, split=None):
+             lean=False, split=None, step=1):
     """The software-pipelined loop over a tile's key tiles, shared by both
     warpgroup kernels: prologue ``S_0``; steady state ``j``: ``S_j`` with
     ``P_{j-1} V_{j-1}`` in flight; epilogue ``P_{n-1} V_{n-1}`` (no branch
@@ -55,6 +55,12 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     ``lean`` (with ``P`` from ``tile_parts(lean=True)``): the same loop with
     32-bit counters and each tile's mask decided before its scores land.
 
+    ``step`` 2 (``stages`` even): the warpgroup takes every other tile,
+    ``first, first + 2, ...`` (``first`` an argument after ``j0``, 0 or 1),
+    so that two warpgroups with the same query rows share an item's tiles,
+    each with a softmax of its own; a stage's tiles then always go to the
+    same warpgroup. ``ntiles`` still counts all of them.
+
     ``split`` (lean only): the barriers of separate K and V rings
     (:func:`kernels.prefill_split_ring.split_ring_parts`; ``acquire`` and
     ``release`` are unused, the turns are theirs): iteration ``j``
@@ -63,6 +69,11 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     ``product_parts(P, split_rings=True)``."""
     BN, rescale_half = P.BN, P.rescale_half
     SPLIT = split is not None
+    STEP = int(step)
+    if STEP not in (1, 2) or stages % STEP:
+        raise ValueError(f"the key loop takes every tile or every other one (step 1 or 2, "
+                         f"with an even number of stages), but got step={step}, "
+                         f"stages={stages}")
     ring_acquire, ring_release = (split.acquire, split.release) if SPLIT else (None, None)
 
     # what a lean iteration waits for and hands back: a joint stage is acquired
@@ -99,22 +110,26 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
 
     @cuda_function
     def run(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-            ntiles, j0, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
-        cur = int32(j0 % stages)        # tile j's stage ((j0 + j) % stages, counted)
-        if ntiles > 0:
-            acquire(j0, ntiles, a)
+            ntiles, j0, first, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
+        first = int32(first if STEP == 2 else 0)    # (a constant for every tile)
+        cur = int32((j0 + first) % stages)  # tile j's stage ((j0 + j) % stages, counted)
+        if first < ntiles:
+            acquire(j0 + first, ntiles, a)
             pin_s(s)
             take_turn(a)
             fence()
             issue_s(s, qs, kvs, cur)
             pass_turn(False, a)
             wait_s_alone(s)
-            tile_weights(s, m, l_, alpha, pos, slope, kv_first, c, pos0, nq, kv_hi, causal,
-                         window, qscale, soft_cap, cap2, alibi, sc, plain)
+            tile_weights(s, m, l_, alpha, pos, slope, kv_first + first * BN, c, pos0, nq,
+                         kv_hi, causal, window, qscale, soft_cap, cap2, alibi, sc, plain)
             pack_p(pa, s)
-        for j in range(1, ntiles):
+        for j in range(first + STEP, ntiles, STEP):
             prev = cur
-            cur = cur + 1 if cur + 1 < stages else int32(0)
+            if STEP == 1:
+                cur = cur + 1 if cur + 1 < stages else int32(0)
+            else:
+                cur = cur + STEP if cur + STEP < stages else cur + STEP - stages
             acquire(j0 + j, ntiles, a)
             pin_s(s)
             take_turn(a)
@@ -138,9 +153,9 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
                 wait_o(o)
             else:
                 wait_o_twin(o)
-            release(j0 + j - 1, ntiles, a)
+            release(j0 + j - STEP, ntiles, a)
             pack_p(pa, s)
-        if ntiles > 0:
+        if first < ntiles:
             rescale_half(o, alpha, 0, 0)
             rescale_half(o, alpha, 0, 1)
             pin_p(pa)
@@ -150,28 +165,29 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             issue_pv(o, pa, kvs, cur)
             pass_turn(True, a)
             wait_o(o)
-            release(j0 + ntiles - 1, ntiles, a)
+            release(j0 + ntiles - 1 - (ntiles - 1 - first) % STEP, ntiles, a)
 
     @cuda_function
     def run_lean(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-                 ntiles, j0, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
+                 ntiles, j0, first, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, a):
+        first = int32(first if STEP == 2 else 0)
         # The counters stay 32-bit: Numba's int64 loop index and int64 constants
         # made the ring's count, its stage and barrier ids, and the keys' start
         # 64-bit chains of uniform instructions (with signed % and //) in every
         # tile. The ring's count g = j0 + j is unsigned (never negative), so the
         # ring's g % stages and g // stages are masks and shifts.
-        g = uint32(j0)
+        g = uint32(j0 + first)
         # tile j's stage ((j0 + j) % stages, counted), 64-bit as in ``run``: an
         # int32 stage made the K operand's start a mul.wide.s32, and ptxas (12.9,
         # 13.0) then dropped the high word of the descriptor's constant fields
         # (SBO, swizzle) from the steady state's S = Q K^T products (not the
         # prologue's): wrong scores for keys 8.. of each later tile, on the GPU only
         cur = int64(g % stages)
-        kt = int32(kv_first)            # tile j's first key
+        kt = int32(kv_first + first * BN)   # tile j's first key
         # tile j needs a mask where kt <= mlo or kt > mhi: two compares a tile,
         # before the wait for its scores (the branch after it waits for nothing)
         mlo, mhi = mask_limits(pos0, nq, kv_hi, causal, window)
-        if ntiles > 0:
+        if first < ntiles:
             keys_in(g, ntiles, a)
             pin_s(s)
             take_turn(a)
@@ -184,13 +200,16 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
             pack_p(pa, s)
-        for _ in range(int32(1), ntiles):
+        for _ in range(int32(first + STEP), ntiles, int32(STEP)):
             prev = cur
-            cur = cur + 1 if cur < stages - 1 else int64(0)
-            g = uint32(g + 1)
-            kt = int32(kt + BN)
+            if STEP == 1:
+                cur = cur + 1 if cur < stages - 1 else int64(0)
+            else:
+                cur = cur + STEP if cur < stages - STEP else cur + STEP - stages
+            g = uint32(g + STEP)
+            kt = int32(kt + STEP * BN)
             keys_in(g, ntiles, a)
-            values_in(uint32(g - 1), ntiles, a)
+            values_in(uint32(g - STEP), ntiles, a)
             pin_s(s)
             take_turn(a)
             fence()
@@ -215,9 +234,9 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
                 wait_o(o)
             else:
                 wait_o_twin(o)
-            values_read(uint32(g - 1), ntiles, a)
+            values_read(uint32(g - STEP), ntiles, a)
             pack_p(pa, s)
-        if ntiles > 0:
+        if first < ntiles:
             values_in(g, ntiles, a)
             rescale_half(o, alpha, 0, 0)
             rescale_half(o, alpha, 0, 1)

@@ -317,8 +317,8 @@ def prefill_wgmma_kernel(head_size, block_size, heads_per_block, block_n, dtype,
         tiles = (sm, key_cache, value_cache, tables, seq, kvh, kv_first, kv_lo, last,
                  tid, kstr, vstr, tid_slot)
         run_keys(qs, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first, kv_hi,
-                 ntiles, int32(0), causal, window, qscale, soft_cap, cap2, alibi, sc, plain,
-                 tiles)
+                 ntiles, int32(0), int32(0), causal, window, qscale, soft_cap, cap2, alibi, sc,
+                 plain, tiles)
 
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
         store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)

@@ -63,6 +63,7 @@ from .prefill_wgmma import product_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
 from .merge_tail import merge_tail_parts
+from .warpgroup_merge import pair_merge_parts, scratch_words
 from .prefill_ws_options import (CONSUMER_REGS, PERSISTENT_REGS, PRODUCER_REGS, check_options,
                                  register_split)
 
@@ -92,7 +93,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
                             split_halves=False, mbarriers=False, tensor_maps=False,
                             merge_parts=False, lean_loop=False, q_in_regs=False,
-                            split_rings=False, pdl=False):
+                            split_rings=False, pdl=False, alternate_tiles=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -196,18 +197,31 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     the keys fits at head size 256.
 
     ``pdl=True`` (with ``split_k``, not ``merge_parts``): each block lets the
-    merge kernel launched after it start early (:mod:`.pdl`)."""
+    merge kernel launched after it start early (:mod:`.pdl`).
+
+    ``alternate_tiles=True`` (8 consumer warps, an even number of stages; not
+    ``pingpong``, ``persistent``, fp8, ``mbarriers``, ``tensor_maps``,
+    ``merge_parts`` or ``split_rings``): a tile has 64 rows, and both consumer
+    warpgroups take them, each its own copy of the queries (the second after
+    the ring) and every other K/V tile (warpgroup ``w`` tiles ``w, w + 2,
+    ...``), with a softmax of its own; at the end warpgroup 1 hands its state
+    to warpgroup 0 through shared memory (:mod:`kernels.warpgroup_merge`),
+    which stores the rows. Two softmax chains run on one item at once: for
+    decode with large groups, whose one warpgroup a block otherwise works
+    through its tiles one after another."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
-                  lean_loop, pdl)
+                  lean_loop, pdl, alternate_tiles)
+    ALT = bool(alternate_tiles)
     PDL = bool(pdl)
     SPLIT_RINGS = bool(split_rings)
     FP8 = kv_dtype is not None
     STAGES = int(stages)
     layout_kind = ("swizzle-split" if split_halves else "swizzle") if swizzle else True
-    P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
-                   1, split_k, layout_kind, fast_exp2, False, False, STAGES,
+    P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout,
+                   4 if ALT else num_warps, 1, split_k, layout_kind, fast_exp2, False, False,
+                   STAGES,
                    copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard,
                    lazy_rescale=lazy_rescale, lean=lean_loop)
     ALIGN = 1024 if swizzle else 16
@@ -241,7 +255,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     TIMELINE = bool(timeline)
     PREFETCH = bool(prefetch_queries)
     Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
-    DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH else 0)
+    DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH or ALT else 0)
+    MERGE_AT = DYNAMIC_BYTES // 4         # (ALT) warpgroup 1's state, float32 words
+    if ALT:
+        DYNAMIC_BYTES += 4 * scratch_words(NTILE_O)
     MBAR = bool(mbarriers)
     MBAR_AT = DYNAMIC_BYTES // 8          # the stages' mbarriers (uint64), after the rest
     if MBAR:
@@ -265,7 +282,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     MERGE = bool(merge_parts)
     merge_tail = (merge_tail_parts(heads_per_block, D, NTHREADS, dtype).merge_tail if MERGE
                   else None)
-    R = ring_parts(STAGES, PINGPONG, PERSISTENT, MBAR, MBAR_AT, NTHREADS)
+    # (ALT: a stage's barriers are the producer's and one warpgroup's)
+    R = ring_parts(STAGES, PINGPONG, PERSISTENT, MBAR, MBAR_AT,
+                   PRODUCER_THREADS + 128 if ALT else NTHREADS)
     RS = split_ring_parts(STAGES, PINGPONG, PERSISTENT, 32 * num_warps) if SPLIT_RINGS else None
     turns = RS if SPLIT_RINGS else R      # the ring whose named barriers hold the turns
     take_turn, pass_turn, turn_sync, turn_arrive, TURN = (
@@ -275,7 +294,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
     run_keys = key_loop(P, W, STAGES, R.acquire, R.release, take_turn, pass_turn,
-                        lean=lean_loop, split=RS)
+                        lean=lean_loop, split=RS, step=2 if ALT else 1)
+    merge_pair = pair_merge_parts(NTILE_O, MERGE_AT, turn_sync, TURN) if ALT else None
 
     @device_function
     def mark(errors, rnd, role, k, tid):
@@ -335,7 +355,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         c = int32(lane % 4)
         # this warpgroup's 64 query rows (the index through a shuffle: uniform to ptxas)
         cwg = cuda.shfl_sync(FULL_MASK, warp >> 2, 0)
-        qs, kvs = starts(sm, cwg * 64 * D)
+        # the warp's 16 rows of the item (ALT: both warpgroups have the same rows)
+        wrow = int32(warp - 4 * cwg) if ALT else warp
+        qs, kvs = starts(sm, cwg * (Q2_DELTA if ALT else 64 * D))
         qs2 = starts(sm, Q2_DELTA + cwg * 64 * D)[0]      # (used with PREFETCH)
         pos = cuda.local.array((1, 2), int32)
         slope = cuda.local.array((1, 2), float32)
@@ -361,11 +383,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     rnd, tile, nx, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
                     tables)
                 mark(errors, rnd, 1 + cwg, 4, ct)
-                qbase = int32(par * Q2_DELTA)
+                qbase = int32((cwg if ALT else par) * Q2_DELTA)
                 if ntiles > 0 and not have:
                     # its own rows: this warp's products and stores of the item
                     # that last used them are done (program order)
-                    load_queries(sm, qbase, query, lane, warp, row0, q0, nq, h0, num_heads)
+                    load_queries(sm, qbase, query, lane, wrow, row0, q0, nq, h0, num_heads)
                     commit_group()
                 mark(errors, rnd, 1 + cwg, 5, ct)
                 if PREFETCH:            # the next item's queries, into the other buffer
@@ -391,14 +413,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     fence_proxy()
                     if Q_REGS:          # the warp's rows, copied by all its lanes
                         cuda.syncwarp()
-                        load_q_words(qa, words, qbase, warp, r, c)
+                        load_q_words(qa, words, qbase, wrow, r, c)
                 else:
                     mark(errors, rnd, 1 + cwg, 6, ct)
                 mark(errors, rnd, 1 + cwg, 1, ct)
                 # the next item's entries asked for after the fence above (the
                 # fence does not wait for a load in flight: experiments/fence_probe.py)
                 next_entries(rnd, items, num_heads, nx, tile_seq, tile_q0, lane)
-                any_slope = init_rows(pos, slope, m, l_, warp, r, pos0, nq, h0, alibi_slopes)
+                any_slope = init_rows(pos, slope, m, l_, wrow, r, pos0, nq, h0, alibi_slopes)
                 alibi = cuda.any_sync(FULL_MASK, any_slope)
                 iq = qscale * kv_scales[0, h0 // group] if FP8 else qscale   # K's codes' scale
                 # without soft cap or ALiBi the scale goes into the exponent's FFMA
@@ -410,14 +432,15 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     turn_arrive(TURN)           # warpgroup 0 issues first
                 # the ring's count below which this item's tiles came by boxes
                 boxed_below = int32(done + whole_tiles(kv_first, kv_hi))
+                first = int32(cwg if ALT else 0)     # (done is 0 with ALT: not persistent)
                 if Q_REGS:
                     run_keys(qa, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
-                             kv_hi, ntiles, done, causal, window, iq, soft_cap, cap2, alibi, sc,
-                             plain, (cwg, bars, boxed_below))
+                             kv_hi, ntiles, done, first, causal, window, iq, soft_cap, cap2, alibi,
+                             sc, plain, (cwg, bars, boxed_below))
                 else:
                     run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope,
-                             c, pos0, nq, kv_first, kv_hi, ntiles, done, causal, window, iq,
-                             soft_cap, cap2, alibi, sc, plain, (cwg, bars, boxed_below))
+                             c, pos0, nq, kv_first, kv_hi, ntiles, done, first, causal, window,
+                             iq, soft_cap, cap2, alibi, sc, plain, (cwg, bars, boxed_below))
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 if FP8:                 # V's codes' scale
@@ -425,12 +448,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     for i in range(NTILE_O):
                         for e in range(4):
                             o[0, i, e] *= vs
+                if ALT:                 # warpgroup 0 takes on warpgroup 1's tiles
+                    merge_pair(o, m, l_, fwords, cwg, int32(ct - 128 * cwg), sc)
                 mark(errors, rnd, 1 + cwg, 7, ct)
-                if SPLIT:
-                    store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 0)
-                    store_half(out, lse, o, m, l_, sc, warp, r, c, nq, row0, q0, h0, 0, 1)
+                if ALT and cwg == 1:
+                    pass                # (its state went to warpgroup 0)
+                elif SPLIT:
+                    store_half(out, lse, o, m, l_, sc, wrow, r, c, nq, row0, q0, h0, 0, 0)
+                    store_half(out, lse, o, m, l_, sc, wrow, r, c, nq, row0, q0, h0, 0, 1)
                 else:       # through this warp's query rows (the per-warp query loads)
-                    store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm,
+                    store_staged(out, lse, o, m, l_, sc, wrow, lane, nq, row0, q0, h0, sm,
                                  words, qbase)
                 mark(errors, rnd, 1 + cwg, 3, ct)
                 done += ntiles

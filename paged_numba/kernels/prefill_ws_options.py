@@ -34,7 +34,7 @@ def register_split(producer_registers):
 def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs=False,
-                  split_rings=False, lean_loop=False, pdl=False):
+                  split_rings=False, lean_loop=False, pdl=False, alternate_tiles=False):
     """Raise ``ValueError`` naming the option for a combination the producer
     kernel does not take (its factory's arguments, as given there)."""
     if not supports(head_size, dtype, layout):
@@ -86,6 +86,16 @@ def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle
         raise ValueError(f"pdl=True lets a separate split-K merge start early: it needs "
                          f"split_k=True and merge_parts=False, but got split_k={split_k}, "
                          f"merge_parts={merge_parts}")
+    if alternate_tiles and (num_warps != 8 or stages % 2 or pingpong or persistent
+                            or kv_dtype is not None or mbarriers or tensor_maps or merge_parts
+                            or split_rings):
+        raise ValueError(f"alternate_tiles=True needs two consumer warpgroups (num_warps=8) and "
+                         f"an even number of stages, and not pingpong, persistent, an fp8 cache, "
+                         f"mbarriers, tensor_maps, merge_parts or split_rings, but got "
+                         f"num_warps={num_warps}, stages={stages}, pingpong={pingpong}, "
+                         f"persistent={persistent}, kv_dtype={kv_dtype!r}, "
+                         f"mbarriers={mbarriers}, tensor_maps={tensor_maps}, "
+                         f"merge_parts={merge_parts}, split_rings={split_rings}")
     if split_halves and not swizzle:
         raise ValueError("split_halves=True needs swizzle=True (it splits the swizzled layout)")
     if merge_parts and (not split_k or persistent or kv_dtype is not None or tensor_maps):
