@@ -301,6 +301,25 @@ def test_group_decode_kernels_match_reference(kernel, data):
                                       group_kernel=kernel, **extra))
 
 
+
+def test_alternate_tiles_refuses_what_it_does_not_take():
+    """``alternate_tiles`` needs two consumer warpgroups and an even ring (a
+    stage's tiles always go to the same warpgroup), and takes none of the
+    options that schedule the warpgroups otherwise; the key loop takes every
+    tile or every other one. Each refusal names the values, before compiling."""
+    from paged_numba.kernels.prefill_key_loop import key_loop
+    from paged_numba.kernels.prefill_wgmma_ws import prefill_wgmma_ws_kernel
+    args = (64, 16, 32, 16, "float16", "nhd")
+    for nw, extra, named in ((4, {}, "num_warps=4"), (8, dict(stages=3), "stages=3"),
+                             (8, dict(pingpong=True), "pingpong=True"),
+                             (8, dict(merge_parts=True), "merge_parts=True")):
+        options = dict(dict(swizzle=True, split_k=True, stages=4), **extra)
+        with pytest.raises(ValueError, match="alternate_tiles=True needs two consumer .*" + named):
+            prefill_wgmma_ws_kernel(*args, nw, alternate_tiles=True, **options)
+    with pytest.raises(ValueError, match="step 1 or 2, with an even number of stages.*step=2, "
+                                         "stages=3"):
+        key_loop(None, None, 3, None, None, step=2)
+
 def test_wgmma_group_decode_merges_in_the_kernel_bit_for_bit(monkeypatch):
     """With ``_group_decode.WGMMA_FUSED_MERGE`` the last part of each item
     merges inside the kernel (one launch): the same bits as the merge kernel,

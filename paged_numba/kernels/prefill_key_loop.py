@@ -67,13 +67,13 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     acquires ``K_j`` and ``V_{j-1}``, releases ``K_j`` as soon as ``S_j``
     has landed and ``V_{j-1}`` once ``P_{j-1} V_{j-1}`` has; ``W`` from
     ``product_parts(P, split_rings=True)``."""
-    BN, rescale_half = P.BN, P.rescale_half
-    SPLIT = split is not None
     STEP = int(step)
     if STEP not in (1, 2) or stages % STEP:
         raise ValueError(f"the key loop takes every tile or every other one (step 1 or 2, "
                          f"with an even number of stages), but got step={step}, "
                          f"stages={stages}")
+    BN, rescale_half = P.BN, P.rescale_half
+    SPLIT = split is not None
     ring_acquire, ring_release = (split.acquire, split.release) if SPLIT else (None, None)
 
     # what a lean iteration waits for and hands back: a joint stage is acquired
