@@ -190,9 +190,9 @@ def decode_bounds(problem, q, k, v, scale=None, num_partitions=None, pv_mma=None
     Where it runs MQA or a large group on the tensor-core prefill tile
     (``_group_decode.tile_heads``), each row is bounded as that kernel's query
     at position ``n - 1`` (:func:`prefill_error_bound` with ``tensor_cores``;
-    its merges, one per key, cover the split-K parts and, with the
-    ``alternate_tiles`` option, the hand-over between its two warpgroups,
-    which takes at least a tile of 16 or more keys each). For an fp8 problem
+    its merges, one per key, cover the split-K parts and the
+    ``alternate_tiles`` hand-over: one merge a row, made only after two
+    tiles of keys or more). For an fp8 problem
     ``k`` and ``v`` are the dequantised pools (``stored * scale``, float64) and
     the kernel's two scale multiplications count as ``scale_roundings=1``; with
     float16 or bfloat16 queries at the head sizes the tensor-core kernel takes,
