@@ -80,7 +80,8 @@ class PrefillPlan:
         the weights, so O is rarely rescaled after the first tiles;
         ``prefetch_queries=True`` (with ``persistent``, no split) copies a
         block's next item's queries into a second buffer while the current
-        item runs (32 KB more shared memory at head size 128);
+        item runs, a few copies each time a warpgroup has issued products
+        (32 KB more shared memory at head size 128);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

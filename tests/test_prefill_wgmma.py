@@ -32,6 +32,12 @@ WG_D128 = _problem([5], [20], [[3, 0, 2]], 8, head_size=128, num_heads=2, dtype=
 # head size 256: four 128-byte atoms a row; 40 keys in 16-key tiles go round a 3-stage ring
 WS_D256 = _problem([5], [40], [[3, 0, 2, 4, 1]], 8, head_size=256, num_heads=2, dtype="bfloat16")
 WS_ONE = dict(WS, block_n=16, num_warps=4)
+# WS_LONG and two sequences of 9 and 7 keys: one 16-key tile each, the last two items of
+# a persistent block's walk (the first too short to pay the second's query copies)
+WS_SHORT = _problem([40, 3, 5, 4], [100, 20, 9, 7],
+                    [[9, 3, 0, 7, 5, 10, 11, 12, 4, 13, 14, 15, 16], [1, 8, 2] + [-1] * 10,
+                     [17, 6] + [-1] * 11, [18] + [-1] * 12], 8, head_size=32, num_heads=2,
+                    dtype="float16")
 
 
 @pytest.mark.parametrize("p, causal, tiling, extra", [
@@ -65,6 +71,9 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     (WS_HEADS, False, dict(WS_TWO, heads_per_block=2, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2,
         prefetch_queries=True)), dict(sliding_window=30)),
+    (WS_SHORT, True, dict(WS_TWO, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
+        prefetch_queries=True)), {}),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2, prefetch_ranges=True)),
      dict(sliding_window=30)),
@@ -83,7 +92,7 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {})],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
-         "prefetch-swizzled-window", "persistent-split-k-ranges", "mbarriers",
+         "prefetch-swizzled-window", "prefetch-lean-loop", "persistent-split-k-ranges", "mbarriers",
          "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers",
          "queries-in-registers-default-loop",
          "queries-in-registers-head-128-split"])
@@ -98,7 +107,9 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     next item's queries copied ahead into a second buffer
     (``prefetch_queries``: three blocks taking 3, 3 and 2 items alternate
     their buffers, their next ranges read ahead too, ``prefetch_ranges``; two
-    blocks of two items, swizzled, not causal, with a window); two blocks of
+    blocks of two items, swizzled, not causal, with a window; one block
+    walking every item with the lean loop, the copies paid over its turns
+    and the rest after a short item's loop); two blocks of
     two items with split-K and a window, the next ranges read ahead; the
     copies arriving at mbarriers (``mbarriers``: 7 tiles round a 4-stage ring,
     the phases' parity alternating; and across persistent blocks' items, also

@@ -124,7 +124,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     rescaled after the first tiles; the weights then reach ``2**8`` instead
     of 1, which changes their rounding only relatively (no bound changes).
     ``prefetch_queries=True`` (with ``persistent``) copies a block's next
-    item's queries into a second buffer while the current item runs;
+    item's queries into a second buffer while the current item's key loop
+    runs (:mod:`kernels.query_prefetch`);
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's

@@ -46,7 +46,7 @@ from numba import config, cuda, float32, int32, uint32, uint64
 
 from . import tma, wgmma as wg
 from .access import device_function
-from .async_copy import commit_group, wait_group
+from .async_copy import commit_group
 from .decode import LOG2E
 from .prefill_fp8 import fp8_parts
 from .prefill_items import item_parts
@@ -60,6 +60,7 @@ from .prefill_tc_tiling import MAX_SHARED_BYTES
 from .pdl import launch_dependents
 from .prefill_tma import tma_parts
 from .prefill_wgmma import product_parts
+from .query_prefetch import OWED_WORDS, query_prefetch_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
 from .merge_tail import merge_tail_parts
@@ -116,9 +117,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``lazy_rescale`` as for :func:`kernels.prefill_tc_parts.tile_parts`.
 
     ``prefetch_queries=True`` (with ``persistent``, not split): a second
-    buffer of query rows after the K/V ring (``ws_shared_bytes``); when a
-    consumer warp starts an item it also starts copying the queries of its
-    block's next item into the other buffer, so that the next item need not
+    buffer of query rows after the K/V ring (``ws_shared_bytes``); while a
+    consumer warp works on an item it copies the queries of its block's next
+    item into the other buffer, a copy a lane each time its warpgroup passes
+    its turn (:mod:`kernels.query_prefetch`), so that the next item need not
     wait for them. The items use the two buffers in turn.
 
     ``prefetch_ranges=True`` (with ``persistent``): each warpgroup reads the
@@ -233,12 +235,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     starts, load_q_words, KSTEPS = W.starts, W.load_q_words, P.KSTEPS
     D, PV_STEPS, NTILE_S, NTILE_O = P.D, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
-    load_queries, tile_range, init_rows = P.load_warp_queries, P.tile_range, P.init_rows
+    load_queries, init_rows = P.load_warp_queries, P.init_rows
     store_staged, SPLIT = P.store_staged, P.SPLIT
     exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
-    wait_older = wait_group(1)            # all but this thread's newest group of copies
     NTHREADS = 32 * num_warps + PRODUCER_THREADS
     MOVE_REGS = num_warps == 8           # 384 threads start with 168 registers each
     if producer_registers is not None and not MOVE_REGS:
@@ -293,6 +294,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
+    if PREFETCH:        # the next item's query copies paid inside the key loop
+        QP = query_prefetch_parts(P, work_item, pass_turn)
+        owe, settle, pass_turn = QP.owe, QP.settle, QP.pass_turn_paying
     run_keys = key_loop(P, W, STAGES, R.acquire, R.release, take_turn, pass_turn,
                         lean=lean_loop, split=RS, step=2 if ALT else 1)
     merge_pair = pair_merge_parts(NTILE_O, MERGE_AT, turn_sync, TURN) if ALT else None
@@ -374,6 +378,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
         have = False            # its queries were started by the previous item
         nx = cuda.local.array(2, int32)     # the next item's range, read ahead
+        owed = cuda.local.array(OWED_WORDS, int32)   # (PREFETCH) the next item's query copies
+        q_args = (sm, query, num_heads, lane, warp, cu_seqlens_q, seq_lens, tile_seq, tile_q0,
+                  causal, window, tables)
         mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
@@ -390,23 +397,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     load_queries(sm, qbase, query, lane, wrow, row0, q0, nq, h0, num_heads)
                     commit_group()
                 mark(errors, rnd, 1 + cwg, 5, ct)
-                if PREFETCH:            # the next item's queries, into the other buffer
-                    have = False
-                    ntile, nh0, nreal = work_item(rnd + 1, items, num_heads)
-                    if nreal:
-                        _, nrow0, nq0, nnq, _, _, _, nnt, _ = tile_range(
-                            ntile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window,
-                            tables)
-                        if nnt > 0:
-                            load_queries(sm, int32((1 - par) * Q2_DELTA), query, lane, warp,
-                                         nrow0, nq0, nnq, nh0, num_heads)
-                            commit_group()
-                            have = True
+                if PREFETCH:            # the next item's queries, into the other buffer,
+                    owe(owed, rnd, items, num_heads, int32((1 - par) * Q2_DELTA))  # paid later
                 if ntiles > 0:
-                    if have:
-                        wait_older()        # all but the next item's copies
-                    else:
-                        wait_all()
+                    wait_all()          # (PREFETCH: the next item's are not started yet)
                     mark(errors, rnd, 1 + cwg, 6, ct)
                     # visible to the tensor cores after the first turn (or full)
                     # barrier, which every thread of the warpgroup passes
@@ -433,14 +427,16 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 # the ring's count below which this item's tiles came by boxes
                 boxed_below = int32(done + whole_tiles(kv_first, kv_hi))
                 first = int32(cwg if ALT else 0)     # (done is 0 with ALT: not persistent)
+                ring = ((cwg, bars, boxed_below, owed, q_args) if PREFETCH else
+                        (cwg, bars, boxed_below))
                 if Q_REGS:
                     run_keys(qa, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
                              kv_hi, ntiles, done, first, causal, window, iq, soft_cap, cap2, alibi,
-                             sc, plain, (cwg, bars, boxed_below))
+                             sc, plain, ring)
                 else:
                     run_keys(qs if par == 0 else qs2, kvs, s, o, pa, m, l_, alpha, pos, slope,
                              c, pos0, nq, kv_first, kv_hi, ntiles, done, first, causal, window,
-                             iq, soft_cap, cap2, alibi, sc, plain, (cwg, bars, boxed_below))
+                             iq, soft_cap, cap2, alibi, sc, plain, ring)
                 mark(errors, rnd, 1 + cwg, 2, ct)
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 if FP8:                 # V's codes' scale
@@ -461,7 +457,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                                  words, qbase)
                 mark(errors, rnd, 1 + cwg, 3, ct)
                 done += ntiles
-                if PREFETCH:
+                if PREFETCH:            # what the key loop left of the next item's copies
+                    have = settle(owed, q_args)
                     par = int32(1 - par)
                 if MERGE:
                     mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
