@@ -19,8 +19,8 @@ table lookups and copies issued: it waits there for a free ring stage),
 ``rest`` (the other tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the
 item's key tiles.
 Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
-``--prefetch-queries`` and ``--prefetch-ranges`` add those kernel options, timed and
-stamped).
+``--prefetch-queries``, ``--deferred-stores`` and ``--prefetch-ranges`` add those
+kernel options, timed and stamped).
 """
 import argparse
 import statistics
@@ -93,7 +93,8 @@ def run_case(case, args):
     causal = not case.startswith("full-")
     plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal)
     extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
-                                         ("prefetch_ranges", args.prefetch_ranges)) if on}
+                                         ("prefetch_ranges", args.prefetch_ranges),
+                                         ("deferred_stores", args.deferred_stores)) if on}
     if extra:
         plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal,
                               tensor_cores=True, num_warps=plan.num_warps, block_n=plan.block_n,
@@ -141,6 +142,9 @@ def main():
                     help="the default with kernel_options['prefetch_queries'] = True")
     ap.add_argument("--prefetch-ranges", action="store_true",
                     help="the default with kernel_options['prefetch_ranges'] = True")
+    ap.add_argument("--deferred-stores", action="store_true",
+                    help="the default with kernel_options['deferred_stores'] = True "
+                         "(with --prefetch-queries)")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)

@@ -16,7 +16,8 @@ stages), ``-pp`` (with ``-ws``, 8 warps: the consumer warpgroups take turns), ``
 up to 16 a warp: all 32 heads of an MQA group in a 2-warp tile, say, for
 decode), ``-p<N>`` (split-K in N parts), ``-ps`` (with ``-pp``: persistent blocks, one a
 multiprocessor), ``-lz`` (with ``-wg``: ``lazy_rescale``), ``-pq`` (with ``-ps``:
-``prefetch_queries``), ``-pr`` (with ``-ps``: ``prefetch_ranges``), ``-pg<N>`` (with ``-ws``,
+``prefetch_queries``), ``-ds`` (with ``-pq``: the stores during the next item,
+``deferred_stores``), ``-pr`` (with ``-ps``: ``prefetch_ranges``), ``-pg<N>`` (with ``-ws``,
 8 warps: N registers a producer thread, the rest to the consumers), ``-sh`` (with ``-ws -sw``:
 the K/V tiles in the layout of tensor-map copies, ``split_halves``), ``-mb`` (with ``-pp``:
 the copies arrive at mbarriers as they land, ``mbarriers``), ``-tm`` (with ``-sh -mb``: whole tiles

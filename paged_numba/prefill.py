@@ -61,7 +61,7 @@ class PrefillPlan:
         ``max_registers``, ``fast_exp2``, ``fma_softmax``, ``token_copies``,
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
-        ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
+        ``deferred_stores``, ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
         ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
@@ -81,7 +81,9 @@ class PrefillPlan:
         ``prefetch_queries=True`` (with ``persistent``, no split) copies a
         block's next item's queries into a second buffer while the current
         item runs, a few copies each time a warpgroup has issued products
-        (32 KB more shared memory at head size 128);
+        (32 KB more shared memory at head size 128); ``deferred_stores=True``
+        (with ``prefetch_queries``) stores an item's output rows during the
+        next item's products instead of before them;
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

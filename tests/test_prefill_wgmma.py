@@ -74,6 +74,12 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
     (WS_SHORT, True, dict(WS_TWO, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
         prefetch_queries=True)), {}),
+    (WS_SHORT, True, dict(WS_TWO, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
+        prefetch_queries=True, deferred_stores=True)), {}),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3, prefetch_queries=True,
+        deferred_stores=True)), dict(alibi_slopes=np.array([0.25, -0.5, 1.0, 0.125]))),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=2, num_parts=2, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=2, prefetch_ranges=True)),
      dict(sliding_window=30)),
@@ -92,7 +98,8 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {})],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
-         "prefetch-swizzled-window", "prefetch-lean-loop", "persistent-split-k-ranges", "mbarriers",
+         "prefetch-swizzled-window", "prefetch-lean-loop",
+         "deferred-stores-lean-loop", "deferred-stores-serpentine", "persistent-split-k-ranges", "mbarriers",
          "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers",
          "queries-in-registers-default-loop",
          "queries-in-registers-head-128-split"])
@@ -109,7 +116,9 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     their buffers, their next ranges read ahead too, ``prefetch_ranges``; two
     blocks of two items, swizzled, not causal, with a window; one block
     walking every item with the lean loop, the copies paid over its turns
-    and the rest after a short item's loop); two blocks of
+    and the rest after a short item's loop; the same and three blocks of the
+    serpentine with each item's output stored during the next item's loop,
+    ``deferred_stores``); two blocks of
     two items with split-K and a window, the next ranges read ahead; the
     copies arriving at mbarriers (``mbarriers``: 7 tiles round a 4-stage ring,
     the phases' parity alternating; and across persistent blocks' items, also
@@ -272,6 +281,12 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="pingpong needs .* at most 4 stages"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], pingpong=True, stages=5)))
+    with pytest.raises(ValueError, match="deferred_stores=True needs prefetch_queries=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], pingpong=True, persistent=1, deferred_stores=True)))
+    with pytest.raises(ValueError, match="deferred_stores=True, .* without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       deferred_stores=True)))
     with pytest.raises(ValueError, match="persistent=True needs pingpong=True"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], persistent=True)))

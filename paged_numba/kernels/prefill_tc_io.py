@@ -127,21 +127,10 @@ def query_parts(P):
                                     h0, num_heads)
 
     @cuda_function
-    def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, words, qbase):
-        """Epilogue of warp ``warp``'s 16 rows (one m-tile, not split) through
-        its query rows in shared memory (elements ``qbase + 16 warp D .. qbase +
-        16 (warp + 1) D`` in every layout), which its products must be done
-        with: each lane
-        rounds its pairs of ``O / l`` as :func:`store_half` does and writes them
-        as 32-bit ``words`` (the same shared memory); after the warp
-        synchronises, each lane stores 16-byte chunks of whole output rows
-        (``NCH`` lanes a row), where :func:`store_half` stores 2-byte elements,
-        8 rows an instruction. Chunk ``ch`` of staged row ``i`` lies at chunk
-        ``ch ^ (i & SWZ)``, so the 4-byte writes of 8 rows fall in 32 banks.
-        The lane goes through :func:`kernels.wgmma.opaque` first: otherwise the
-        compiler hoists the 32 shared-memory offsets, which depend on the lane
-        only, out of a persistent block's loop over its items, and they spill."""
-        lane = opaque(lane)
+    def stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, words, qbase):
+        """The first half of :func:`store_staged`: the rows' ``O / l`` into
+        shared memory and their log-sum-exps into ``lse``; the warp then
+        synchronises."""
         r = lane // 4
         c = lane % 4
         base = qbase + 16 * warp * D
@@ -161,19 +150,43 @@ def query_parts(P):
                     x = (m[0, h] * sc + math.log2(lsum)) * float32(LN2)
                 lse[row0 + q0 + rr // HPB, h0 + rr % HPB] = x
         cuda.syncwarp()
-        num_heads = out.shape[1]
+
+    @device_function
+    def store_chunk(out, sm, qbase, warp, idx, nq, row0, q0, h0):
+        """The second half of :func:`store_staged`, one 16-byte chunk: chunk
+        ``idx`` (of ``WARP_QCHUNKS``) of warp ``warp``'s staged rows at flat
+        ``qbase`` into ``out``, if its row is one of the ``nq`` tokens."""
+        i = idx // NCH
+        ch = idx % NCH
+        rr = 16 * warp + i
+        if rr // HPB < nq:
+            copy16(sm, qbase + 16 * warp * D + i * D + (ch ^ (i & SWZ)) * 8, out,
+                   ((row0 + q0 + rr // HPB) * out.shape[1] + h0 + rr % HPB) * D + ch * 8)
+
+    @cuda_function
+    def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, words, qbase):
+        """Epilogue of warp ``warp``'s 16 rows (one m-tile, not split) through
+        its query rows in shared memory (elements ``qbase + 16 warp D .. qbase +
+        16 (warp + 1) D`` in every layout), which its products must be done
+        with: each lane
+        rounds its pairs of ``O / l`` as :func:`store_half` does and writes them
+        as 32-bit ``words`` (the same shared memory); after the warp
+        synchronises, each lane stores 16-byte chunks of whole output rows
+        (``NCH`` lanes a row), where :func:`store_half` stores 2-byte elements,
+        8 rows an instruction. Chunk ``ch`` of staged row ``i`` lies at chunk
+        ``ch ^ (i & SWZ)``, so the 4-byte writes of 8 rows fall in 32 banks.
+        The lane goes through :func:`kernels.wgmma.opaque` first: otherwise the
+        compiler hoists the 32 shared-memory offsets, which depend on the lane
+        only, out of a persistent block's loop over its items, and they spill."""
+        lane = opaque(lane)
+        stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, words, qbase)
         for u in range(WARP_QCHUNKS // 32):
-            idx = lane + 32 * u
-            i = idx // NCH
-            ch = idx % NCH
-            rr = 16 * warp + i
-            if rr // HPB < nq:
-                copy16(sm, base + i * D + (ch ^ (i & SWZ)) * 8, out,
-                       ((row0 + q0 + rr // HPB) * num_heads + h0 + rr % HPB) * D + ch * 8)
+            store_chunk(out, sm, qbase, warp, lane + 32 * u, nq, row0, q0, h0)
         cuda.syncwarp()
 
     return SimpleNamespace(
         WG_QCHUNKS=WG_QCHUNKS, WARP_QCHUNKS=WARP_QCHUNKS, store_half=store_half,
         load_query_chunk_at=load_query_chunk_at, load_query_chunk=load_query_chunk,
         load_queries=load_queries, load_warpgroup_queries=load_warpgroup_queries,
-        load_warp_queries=load_warp_queries, store_staged=store_staged)
+        load_warp_queries=load_warp_queries, store_staged=store_staged, stage_rows=stage_rows,
+        store_chunk=store_chunk)

@@ -59,8 +59,8 @@ from .prefill_tc_parts import FULL_MASK, tile_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES
 from .pdl import launch_dependents
 from .prefill_tma import tma_parts
+from .item_handover import OWED_WORDS, handover_parts
 from .prefill_wgmma import product_parts
-from .query_prefetch import OWED_WORDS, query_prefetch_parts
 from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
 from .guard import WORDS
 from .merge_tail import merge_tail_parts
@@ -94,7 +94,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             prefetch_ranges=False, kv_dtype=None, producer_registers=None,
                             split_halves=False, mbarriers=False, tensor_maps=False,
                             merge_parts=False, lean_loop=False, q_in_regs=False,
-                            split_rings=False, pdl=False, alternate_tiles=False):
+                            split_rings=False, pdl=False, alternate_tiles=False,
+                            deferred_stores=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -120,8 +121,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     buffer of query rows after the K/V ring (``ws_shared_bytes``); while a
     consumer warp works on an item it copies the queries of its block's next
     item into the other buffer, a copy a lane each time its warpgroup passes
-    its turn (:mod:`kernels.query_prefetch`), so that the next item need not
+    its turn (:mod:`kernels.item_handover`), so that the next item need not
     wait for them. The items use the two buffers in turn.
+
+    ``deferred_stores=True`` (with ``prefetch_queries``): a warp stages an
+    item's output rows in its query buffer as before, but stores them to
+    ``out`` during the next item's key loop, a 16-byte store a lane each time
+    its warpgroup passes its turn, before that buffer takes the following
+    item's queries (the block's last item's rows after its loop).
 
     ``prefetch_ranges=True`` (with ``persistent``): each warpgroup reads the
     next item's tile entries (``tile_seq``, ``tile_q0``) when it starts an
@@ -214,7 +221,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
-                  lean_loop, pdl, alternate_tiles)
+                  lean_loop, pdl, alternate_tiles, deferred_stores)
     ALT = bool(alternate_tiles)
     PDL = bool(pdl)
     SPLIT_RINGS = bool(split_rings)
@@ -236,7 +243,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     D, PV_STEPS, NTILE_S, NTILE_O = P.D, P.PV_STEPS, P.NTILE_S, P.NTILE_O
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
     load_queries, init_rows = P.load_warp_queries, P.init_rows
-    store_staged, SPLIT = P.store_staged, P.SPLIT
+    store_staged, stage_rows, SPLIT = P.store_staged, P.stage_rows, P.SPLIT
     exponent_scale = P.exponent_scale
     store_half, wait_all = P.store_half, P.wait_all
     fence_proxy = wg.fence_proxy_async
@@ -294,9 +301,10 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     I = item_parts(P, persistent, prefetch_ranges)
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
-    if PREFETCH:        # the next item's query copies paid inside the key loop
-        QP = query_prefetch_parts(P, work_item, pass_turn)
-        owe, settle, pass_turn = QP.owe, QP.settle, QP.pass_turn_paying
+    DEFER = bool(deferred_stores)
+    if PREFETCH:        # the next item's query copies (and DEFER: the last one's stores) paid
+        H = handover_parts(P, work_item, pass_turn, DEFER)      # inside the key loop
+        owe, owe_stores, settle, pass_turn = H.owe, H.owe_stores, H.settle, H.pass_turn_paying
     run_keys = key_loop(P, W, STAGES, R.acquire, R.release, take_turn, pass_turn,
                         lean=lean_loop, split=RS, step=2 if ALT else 1)
     merge_pair = pair_merge_parts(NTILE_O, MERGE_AT, turn_sync, TURN) if ALT else None
@@ -378,9 +386,11 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
         have = False            # its queries were started by the previous item
         nx = cuda.local.array(2, int32)     # the next item's range, read ahead
-        owed = cuda.local.array(OWED_WORDS, int32)   # (PREFETCH) the next item's query copies
+        owed = cuda.local.array(OWED_WORDS, int32)   # (PREFETCH) the work owed to the loop
+        owed[0] = 0                                  # nothing yet
+        owed[8] = 0
         q_args = (sm, query, num_heads, lane, warp, cu_seqlens_q, seq_lens, tile_seq, tile_q0,
-                  causal, window, tables)
+                  causal, window, tables, out)
         mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
@@ -452,16 +462,24 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 elif SPLIT:
                     store_half(out, lse, o, m, l_, sc, wrow, r, c, nq, row0, q0, h0, 0, 0)
                     store_half(out, lse, o, m, l_, sc, wrow, r, c, nq, row0, q0, h0, 0, 1)
+                elif DEFER:     # staged now, stored during the next item's key loop
+                    have = settle(owed, q_args)
+                    stage_rows(lse, o, m, l_, sc, wrow, wg.opaque(lane), nq, row0, q0, h0, words,
+                               qbase)
+                    owe_stores(owed, qbase, row0, q0, nq, h0)
                 else:       # through this warp's query rows (the per-warp query loads)
                     store_staged(out, lse, o, m, l_, sc, wrow, lane, nq, row0, q0, h0, sm,
                                  words, qbase)
                 mark(errors, rnd, 1 + cwg, 3, ct)
                 done += ntiles
-                if PREFETCH:            # what the key loop left of the next item's copies
-                    have = settle(owed, q_args)
+                if PREFETCH:
+                    if not DEFER:       # what the loop left of the next item's copies
+                        have = settle(owed, q_args)
                     par = int32(1 - par)
                 if MERGE:
                     mrows[0], mrows[1], mrows[2], mrows[3] = row0, q0, nq, h0
+        if DEFER:
+            settle(owed, q_args)        # the last item's stores
         if PERSISTENT and cwg == 0 and done > 0:
             turn_sync(TURN)             # warpgroup 1's last products passed a turn
         if MERGE:

@@ -34,7 +34,8 @@ def register_split(producer_registers):
 def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs=False,
-                  split_rings=False, lean_loop=False, pdl=False, alternate_tiles=False):
+                  split_rings=False, lean_loop=False, pdl=False, alternate_tiles=False,
+                  deferred_stores=False):
     """Raise ``ValueError`` naming the option for a combination the producer
     kernel does not take (its factory's arguments, as given there)."""
     if not supports(head_size, dtype, layout):
@@ -70,6 +71,9 @@ def check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle
     if prefetch_queries and (not persistent or split_k):
         raise ValueError(f"prefetch_queries=True needs persistent=True and no split-K, but got "
                          f"persistent={persistent}, split_k={split_k}")
+    if deferred_stores and not prefetch_queries:
+        raise ValueError("deferred_stores=True needs prefetch_queries=True (an item's rows wait "
+                         "for their stores in the buffer the next item does not use)")
     if prefetch_ranges and not persistent:
         raise ValueError("prefetch_ranges=True needs persistent=True (a block's next item)")
     if timeline and not persistent:
