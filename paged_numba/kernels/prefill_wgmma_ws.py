@@ -117,107 +117,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     warpgroup starts the next item while the other finishes. ``guard`` and
     ``lazy_rescale`` as for :func:`kernels.prefill_tc_parts.tile_parts`.
 
-    ``prefetch_queries=True`` (with ``persistent``, not split): a second
-    buffer of query rows after the K/V ring (``ws_shared_bytes``); while a
-    consumer warp works on an item it copies the queries of its block's next
-    item into the other buffer, a copy a lane each time its warpgroup passes
-    its turn (:mod:`kernels.item_handover`), so that the next item need not
-    wait for them. The items use the two buffers in turn.
-
-    ``deferred_stores=True`` (with ``prefetch_queries``): a warp stages an
-    item's output rows in its query buffer as before, but stores them to
-    ``out`` during the next item's key loop, a 16-byte store a lane each time
-    its warpgroup passes its turn, before that buffer takes the following
-    item's queries (the block's last item's rows after its loop).
-
-    ``prefetch_ranges=True`` (with ``persistent``): each warpgroup reads the
-    next item's tile entries (``tile_seq``, ``tile_q0``) when it starts an
-    item, and that sequence's bounds (``cu_seqlens_q``, ``seq_lens``) once
-    this item's copies (producer) or products (consumers) are issued, so that
-    the next item starts without a chain of two dependent loads.
-
-    ``timeline=True`` (with ``persistent``), for experiments: the kernel
-    stamps each of its block's items in the error array, which must then have
-    :func:`kernels.timeline.timeline_words` words; the producer at the item's
-    start, after its registers' set-up, after its range, after its first
-    tile's copies are issued and after its last; a consumer warpgroup at the
-    item's start, after its range, after its query copies are issued, when they
-    have landed, after the fence that follows, after its products, before its
-    stores and after them (:mod:`kernels.timeline` numbers the points).
-
-    ``kv_dtype`` ("float8_e4m3fn" or "float8_e5m2"; ``dtype`` is then the
-    queries', fp16 or bf16): an fp8 cache, whose codes the producer copies
-    into a staging ring and widens into the tiles (:mod:`kernels.prefill_fp8`);
-    the kernel then takes ``kv_scales [2, num_kv_heads]`` float32 last (K's
-    scale multiplies the logits' scale, V's the output). Not with
-    ``prefetch_queries``.
-
-    ``producer_registers`` (8 consumer warps): the producer's registers a
-    thread after ``setmaxnreg`` (:func:`register_split` gives the consumers
-    the rest); default 40, or 64 with ``persistent``.
-
-    ``split_halves=True`` (with ``swizzle``): the K/V tiles in the layout a
-    tensor-map copy writes (``tile_parts``' ``"swizzle-split"``: each
-    128-byte column group's rows one after another), the products'
-    descriptors to match; the arithmetic is unchanged.
-
-    ``mbarriers=True`` (with ``pingpong`` or one consumer warpgroup, not fp8):
-    each stage's *full* barrier is an mbarrier (:mod:`kernels.tma`) at which every producer
-    thread arrives through ``cp.async.mbarrier.arrive.noinc`` right after
-    issuing its copies of the stage, so the hardware arrives for it once
-    they land: the producer never waits for its own copies and runs ahead
-    until the ring is full. The consumers wait on the stage's phase
-    (``(tile // stages) & 1``; both warpgroups on the same barrier) and
-    then fence the copies into the tensor cores' view.
-
-    ``tensor_maps=True`` (with ``split_halves`` and ``mbarriers``; ``"nhd"``
-    or ``"hnd"``, block size 8 or more): the tiles whose keys are all
-    valid go through the copy engine, one thread issuing a box copy a page
-    and 128-byte column group (:mod:`kernels.prefill_tma`); the others as
-    before. The kernel then takes the pools' tensor maps (``key_map,
-    value_map``: :func:`kernels.prefill_tma.pool_maps`) last.
-
-    ``merge_parts=True`` (with ``split_k``, not ``persistent``, fp8 or
-    ``tensor_maps``): the last part of each item to finish merges the item's
-    partial states (:mod:`kernels.merge_tail`), so no merge kernel follows.
-    The kernel then takes ``final_out [rows, num_heads, head_size]`` (the
-    output dtype), ``final_lse [rows, num_heads]`` float32 and ``tickets
-    [tiles * head blocks]`` int32 (zeros; left zero) last; ``out`` and
-    ``lse`` are the partial states as with ``split_k``.
-
-    ``lean_loop=True``: the consumers' key loop with 32-bit counters, each
-    tile's mask decided before its scores land and the softmax unseeded
-    (``tile_parts(lean=True)``, :func:`kernels.prefill_key_loop.key_loop`): the
-    same results in fewer instructions.
-
-    ``q_in_regs=True`` (head size 128 or less): each consumer lane reads its
-    warp's queries once an item as the register A operand of ``S = Q K^T``
-    (``wgmma`` with A from registers, :func:`kernels.prefill_wgmma.product_parts`),
-    so that shared memory serves only K there: at 64-key tiles the shared
-    operands of ``S`` take 128 bytes a clock at the tensor cores' full rate,
-    all a multiprocessor's shared memory gives. Same products, same results.
-
-    ``split_rings=True`` (with ``lean_loop``; not fp8, ``mbarriers`` or
-    ``tensor_maps``): a K ring and a V ring of ``stages`` stages each (2
-    with ``pingpong``) in the joint ring's memory, warps 0-1 of the producer
-    copying keys and warps 2-3 values (:mod:`kernels.prefill_split_ring`):
-    the loop never needs a tile's keys and values at once, so two stages a
-    ring keep the lookahead of a joint ring of three, and a tile of twice
-    the keys fits at head size 256.
-
-    ``pdl=True`` (with ``split_k``, not ``merge_parts``): each block lets the
-    merge kernel launched after it start early (:mod:`.pdl`).
-
-    ``alternate_tiles=True`` (8 consumer warps, an even number of stages; not
-    ``pingpong``, ``persistent``, fp8, ``mbarriers``, ``tensor_maps``,
-    ``merge_parts`` or ``split_rings``): a tile has 64 rows, and both consumer
-    warpgroups take them, each its own copy of the queries (the second after
-    the ring) and every other K/V tile (warpgroup ``w`` tiles ``w, w + 2,
-    ...``), with a softmax of its own; at the end warpgroup 1 hands its state
-    to warpgroup 0 through shared memory (:mod:`kernels.warpgroup_merge`),
-    which stores the rows. Two softmax chains run on one item at once: for
-    decode with large groups, whose one warpgroup a block otherwise works
-    through its tiles one after another."""
+    The other options (``prefetch_queries``, ``deferred_stores``,
+    ``prefetch_ranges``, ``timeline``, ``kv_dtype``, ``producer_registers``,
+    ``split_halves``, ``mbarriers``, ``tensor_maps``, ``merge_parts``,
+    ``lean_loop``, ``q_in_regs``, ``split_rings``, ``pdl``,
+    ``alternate_tiles``) are described in :mod:`kernels.prefill_ws_options`,
+    which checks their combinations."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
