@@ -130,9 +130,14 @@ if config.ENABLE_CUDASIM:
         return _Start(arr, flat)
 
     def _values(arr, dtype):
+        # The whole shared array, of which an operand reads a part: other parts
+        # may hold other words (a warpgroup's float32 hand-over, say), whose
+        # halves read as bfloat16 can be signalling NaNs; converting those is
+        # no error (the operand's own elements convert exactly).
         a = _host_flat(arr)
         if dtype == "bfloat16":
-            return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            with np.errstate(invalid="ignore"):
+                return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         return a.astype(np.float64)
 
     def _kmajor(vals, flat, rows, k, lbo, sbo, swizzle=0):
