@@ -109,6 +109,33 @@ def kind(text):
     return "other"
 
 
+def code(sass):
+    """The instructions of a kernel's SASS, ``[(address, text)]``, and where
+    each branch target is, ``{address or label: index}``: ``cuobjdump -sass``
+    names targets by address, ``nvdisasm`` by labels on lines of their own,
+    and prints the other sections' words in the same ``/*address*/`` form, so
+    only its ``.text`` section is read."""
+    m = re.search(r"^\s*\.section\s+\.text\.", sass, re.M)
+    if m:
+        end = re.search(r"^\s*\.section\s", sass[m.end():], re.M)
+        sass = sass[m.start():m.end() + end.start() if end else len(sass)]
+    ins, at, labels = [], {}, []
+    for line in sass.splitlines():
+        lab = re.match(r"^(\.L\w+):", line)
+        if lab:
+            labels.append(lab.group(1))
+            continue
+        m = re.match(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*(?:/\*.*)?$", line)
+        if not m or m.group(2).startswith("."):
+            continue
+        a = int(m.group(1), 16)
+        for name in labels + [a]:
+            at[name] = len(ins)
+        labels = []
+        ins.append((a, m.group(2).rstrip(" ;")))
+    return ins, at
+
+
 def loop_path(sass, rescale=False):
     """The classes of the instructions on the shortest path from the head of the
     innermost loop holding ``HGMMA`` and ``MUFU.EX2`` to its back edge (forward
@@ -116,14 +143,12 @@ def loop_path(sass, rescale=False):
     on a warp vote (``rescale_half``). The shortest path may skip work whose
     predicates go together (a short-circuit ``or`` that the mask then needs),
     so it is a lower bound where such branches remain."""
-    ins = [(int(m.group(1), 16), m.group(2).rstrip(" ;")) for m in re.finditer(
-        r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*(?:/\*.*)?$", sass, re.M)]
-    at = {a: k for k, (a, _) in enumerate(ins)}
+    ins, at = code(sass)
     target = {}
     for k, (a, t) in enumerate(ins):
-        m = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)", t)
+        m = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?(?:(0x[0-9a-f]+)|`\((\.L\w+)\))", t)
         if m:
-            target[k] = at[int(m.group(1), 16)]
+            target[k] = at[int(m.group(1), 16) if m.group(1) else m.group(2)]
     loops = [(target[k], k) for k in target if target[k] < k and any(
         "HGMMA" in t for _, t in ins[target[k]:k]) and any("MUFU.EX2" in t for _, t in
                                                              ins[target[k]:k])]
@@ -171,7 +196,8 @@ def main():
     ap.add_argument("--layout", default="nhd")
     ap.add_argument("--dump")
     ap.add_argument("--loop", action="store_true",
-                    help="count a consumer warp's instructions a key tile (needs cuobjdump)")
+                    help="count a consumer warp's instructions a key tile (needs cuobjdump "
+                         "or nvdisasm)")
     a = ap.parse_args()
     loops = {}
     print(f"{'variant':>28} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} "
@@ -190,7 +216,7 @@ def main():
         nums = [int(m.group(1)) if (m := re.search(pat, info)) else -1 for pat in (
             r"Used (\d+) registers", r"(\d+) bytes stack frame", r"(\d+) bytes spill stores",
             r"(\d+) bytes spill loads")]
-        count = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M))
+        count = len(code(sass)[0])
         print(f"{name:>28} {nums[0]:>5} {nums[1]:>6} {nums[2]:>9} {nums[3]:>9} {count:>6}")
         if a.loop and sass:
             loops[name] = (loop_path(sass), loop_path(sass, rescale=True))
