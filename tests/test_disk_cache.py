@@ -79,6 +79,18 @@ def test_fingerprint_follows_captures_globals_and_called_code(monkeypatch):
     assert fingerprint(_factory(3, _plus_one)) != base                # a global read
     with pytest.raises(Unkeyable, match="threading.Lock|lock"):
         fingerprint(_factory(3, threading.Lock()))
+    # a name the factory binds only on one branch: an empty cell on the other
+    assert fingerprint(_branchy(False)) == fingerprint(_branchy(False))
+    assert fingerprint(_branchy(False)) != fingerprint(_branchy(True))
+
+
+def _branchy(on):
+    if on:
+        extra = 1
+
+    def kernel(x):
+        return x + extra if on else x
+    return kernel
 
 
 class _Kernel:

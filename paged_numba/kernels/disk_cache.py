@@ -140,9 +140,9 @@ class _Canon:
             return ("code", obj.co_name, obj.co_code.hex(), obj.co_names, obj.co_varnames,
                     obj.co_freevars, self.of(obj.co_consts))
         if isinstance(obj, pytypes.FunctionType):
-            cells = tuple(c.cell_contents for c in obj.__closure__ or ())
+            cells = ("cells",) + tuple(self._cell(c) for c in obj.__closure__ or ())
             return ("function", obj.__module__, obj.__qualname__, self.of(obj.__code__),
-                    self.of(obj.__defaults__), self.of(obj.__kwdefaults__), self.of(cells),
+                    self.of(obj.__defaults__), self.of(obj.__kwdefaults__), cells,
                     self.of(self._globals(obj)))
         if isinstance(obj, functools.partial):
             return ("partial", self.of(obj.func), self.of(obj.args), self.of(obj.keywords))
@@ -153,6 +153,15 @@ class _Canon:
         if hasattr(obj, "_defn") and type(obj).__name__ == "_Intrinsic":    # numba @intrinsic
             return ("intrinsic", obj._name, self.of(obj._defn))
         raise Unkeyable(f"cannot fingerprint a {type(obj).__module__}.{type(obj).__qualname__}")
+
+    def _cell(self, cell):
+        """A closure cell's value, or a cell never filled: a name the
+        enclosing factory binds only on a branch it did not take."""
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            return ("empty cell",)
+        return self.of(value)
 
     @staticmethod
     def _globals(fn):

@@ -207,7 +207,6 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     rounds, work_item, item_range = I.rounds, I.work_item, I.item_range
     next_entries, next_bounds = I.next_entries, I.next_bounds
     DEFER = bool(deferred_stores)
-    owe = owe_stores = settle = None
     if PREFETCH:        # the next item's query copies (and DEFER: the last one's stores) paid
         H = handover_parts(P, work_item, pass_turn, DEFER)      # inside the key loop
         owe, owe_stores, settle, pass_turn = H.owe, H.owe_stores, H.settle, H.pass_turn_paying
