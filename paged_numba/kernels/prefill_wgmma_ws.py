@@ -292,8 +292,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         have = False            # its queries were started by the previous item
         nx = cuda.local.array(2, int32)     # the next item's range, read ahead
         owed = cuda.local.array(OWED_WORDS, int32)   # (PREFETCH) the work owed to the loop
-        owed[0] = 0                                  # nothing yet
-        owed[8] = 0
+        if PREFETCH:                                 # nothing yet
+            owed[0] = 0
+            owed[8] = 0
         q_args = (sm, query, num_heads, lane, warp, cu_seqlens_q, seq_lens, tile_seq, tile_q0,
                   causal, window, tables, out)
         mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
