@@ -9,7 +9,7 @@ fragment conventions are those of :mod:`.prefill_tc_parts`.
 import math
 from types import SimpleNamespace
 
-from numba import cuda, float32, uint16
+from numba import cuda, float32, uint16, uint32
 
 from .access import device_function
 from .async_copy import copy16_async
@@ -78,7 +78,11 @@ def query_parts(P):
     def load_query_chunk_at(sm, qbase, query, idx, row0, q0, nq, h0, num_heads):
         """Start copying the tile's ``idx``-th query chunk into the query rows
         at flat ``qbase`` of shared memory (rows past ``nq`` repeat the last
-        query)."""
+        query). ``idx`` and ``qbase`` are taken as unsigned: the compiler then
+        knows them non-negative, and the divisions by the tile's powers of two
+        are shifts and masks (signed, each took a sign fix-up)."""
+        idx = uint32(idx)
+        qbase = uint32(qbase)
         row = row_of(idx)
         ch = chunk_of(idx)
         qi = min(row // HPB, nq - 1)
@@ -130,7 +134,11 @@ def query_parts(P):
     def stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, words, qbase):
         """The first half of :func:`store_staged`: the rows' ``O / l`` into
         shared memory and their log-sum-exps into ``lse``; the warp then
-        synchronises."""
+        synchronises. The lane, warp and ``qbase`` are taken as unsigned (see
+        :func:`load_query_chunk_at`)."""
+        lane = uint32(lane)
+        warp = uint32(warp)
+        qbase = uint32(qbase)
         r = lane // 4
         c = lane % 4
         base = qbase + 16 * warp * D
@@ -155,7 +163,11 @@ def query_parts(P):
     def store_chunk(out, sm, qbase, warp, idx, nq, row0, q0, h0):
         """The second half of :func:`store_staged`, one 16-byte chunk: chunk
         ``idx`` (of ``WARP_QCHUNKS``) of warp ``warp``'s staged rows at flat
-        ``qbase`` into ``out``, if its row is one of the ``nq`` tokens."""
+        ``qbase`` into ``out``, if its row is one of the ``nq`` tokens (the
+        indices unsigned, as in :func:`load_query_chunk_at`)."""
+        idx = uint32(idx)
+        warp = uint32(warp)
+        qbase = uint32(qbase)
         i = idx // NCH
         ch = idx % NCH
         rr = 16 * warp + i
