@@ -10,6 +10,9 @@ result on the host), ``second_s`` (the same call again) and the number of
 kernels the cache holds afterwards (-1 with the cache off). ``cold`` runs in an empty cache
 directory, ``warm`` in the directory the cold run filled, ``off`` with
 ``PAGED_NUMBA_CACHE=0``. fp16, 32 / 8 heads, head size 128, block size 16.
+``PAGED_NUMBA_INLINE=nvvm python experiments/startup.py`` measures the
+kernels with NVVM inlining their device functions (the command column says
+so).
 """
 import argparse
 import datetime
@@ -87,7 +90,9 @@ def main():
                 print(row, flush=True)
                 rows.append(row)
     df = pd.DataFrame(rows)
-    df["command"] = "python experiments/startup.py" + (f" --out {args.out}" if args.out else "")
+    inline = os.environ.get("PAGED_NUMBA_INLINE")       # how the device functions were inlined
+    df["command"] = ((f"PAGED_NUMBA_INLINE={inline} " if inline else "")
+                     + "python experiments/startup.py" + (f" --out {args.out}" if args.out else ""))
     print(df.to_string(index=False))
     if args.out:
         header = not os.path.exists(args.out)

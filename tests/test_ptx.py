@@ -3,7 +3,7 @@ real compiler (libNVVM), which needs no GPU. It catches code that the
 simulator runs but Numba's CUDA compiler rejects.
 
 By default a sample (``specializations.sample``: the first specialisation of
-each kernel and cache dtype, 29 of 241, some 6 minutes on two cores, started
+each kernel and cache dtype, 29 of 249, some 6 minutes on two cores, started
 first by ``conftest.py``); ``PAGED_NUMBA_PTX=all`` compiles every one (20
 minutes there)."""
 import os

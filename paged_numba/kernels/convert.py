@@ -21,20 +21,83 @@ the bit reinterpretations are one-instruction intrinsics; under the
 simulator NumPy scalar views stand in.
 """
 import functools
+import os
 
 import numpy as np
 from numba import config, cuda, float32, types, uint16
 
 DTYPES = ("float16", "float32", "bfloat16")
 
+INLINE_ENV = "PAGED_NUMBA_INLINE"
+INLINE_MODES = ("numba", "nvvm")
+
+
+def inline_mode():
+    """How the kernels' device functions are inlined, from the environment
+    variable ``PAGED_NUMBA_INLINE`` (read when a function is decorated, so
+    set it before ``import paged_numba``):
+
+    * ``"numba"`` (the default): Numba's own inlining (``inline="always"``),
+      which copies each callee's Numba IR into its caller before typing;
+    * ``"nvvm"``: each device function is typed and lowered once (for each
+      signature) and NVVM inlines it (``forceinline=True``, the LLVM
+      ``alwaysinline`` attribute). The same machine code to within a few
+      instructions, compiled several times faster: the copies of Numba IR
+      are most of a large kernel's compile time.
+
+    >>> inline_mode() in INLINE_MODES
+    True
+    """
+    mode = os.environ.get(INLINE_ENV, "numba").strip().lower()
+    if mode not in INLINE_MODES:
+        raise ValueError(f"{INLINE_ENV} must be one of {', '.join(INLINE_MODES)}, "
+                         f"but got {os.environ[INLINE_ENV]!r}")
+    return mode
+
+
+@functools.cache
+def _device_functions_compile_without_a_gpu():
+    """Let device functions compiled on their own (``forceinline``) compile
+    where no GPU is present (``compile_ptx`` on a CPU machine). numba-cuda
+    0.30 compiles such a function for the current device's compute
+    capability; without a device it fails before anything is compiled. The
+    capability only names the function's target in its LLVM module: NVVM
+    compiles the kernel that inlines it for the kernel's own target, and the
+    PTX is the same whichever capability the function was given. Where no
+    device answers, this gives the function ``NUMBA_CUDA_DEFAULT_PTX_CC``."""
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv.error import CudaSupportError
+
+    current = dispatcher.get_current_device
+
+    class _NoDevice:
+        compute_capability = config.CUDA_DEFAULT_PTX_CC
+
+    def current_or_default():
+        try:
+            return current()
+        except CudaSupportError:
+            return _NoDevice()
+
+    dispatcher.get_current_device = current_or_default
+
+
+def device_jit(fn):
+    """``fn`` as an inlined device function of a compiled kernel, inlined the
+    way :func:`inline_mode` says."""
+    if not config.ENABLE_CUDASIM and inline_mode() == "nvvm":
+        _device_functions_compile_without_a_gpu()
+        return cuda.jit(device=True, forceinline=True)(fn)
+    return cuda.jit(device=True, inline=True)(fn)
+
 
 def device_function(fn):
-    """Compile ``fn`` as an inlined device function; under the simulator keep
-    the plain Python function (the simulator's device-call wrapper costs more
-    than the element access it wraps)."""
+    """Compile ``fn`` as an inlined device function (:func:`device_jit`);
+    under the simulator keep the plain Python function (the simulator's
+    device-call wrapper costs more than the element access it wraps)."""
     if config.ENABLE_CUDASIM:
         return fn
-    return cuda.jit(device=True, inline=True)(fn)
+    return device_jit(fn)
 
 
 def _round_to_bf16_bits(b):

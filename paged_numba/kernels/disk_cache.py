@@ -15,8 +15,9 @@ A kernel is found again under a key made of
   and the globals it reads, followed through every device function it calls;
 * the argument types of the launch;
 * the source of every module of the package, the versions of the package,
-  numba, numba-cuda and Python, the ``NUMBA_*`` environment and the device's
-  compute capability.
+  numba, numba-cuda and Python, the ``NUMBA_*`` environment, the way device
+  functions are inlined (``PAGED_NUMBA_INLINE``) and the device's compute
+  capability.
 
 So an edited kernel, another numba or another GPU compiles afresh. Entries
 are written to a temporary file and renamed into place, so processes that
@@ -194,10 +195,12 @@ def _environment():
     """The versions and settings besides the kernel that change what compiles."""
     from numba import cuda
 
+    from .convert import inline_mode
+
     numba_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("NUMBA_")))
     return (_source_digest(), _version("paged-numba"), _version("numba"),
             _version("numba-cuda"), sys.version_info[:2],
-            cuda.get_current_device().compute_capability, numba_env)
+            cuda.get_current_device().compute_capability, numba_env, inline_mode())
 
 
 class DiskCache:

@@ -24,14 +24,14 @@ import math
 
 from numba import cuda, float32
 
-from .convert import codec
+from .convert import codec, device_jit
 from .decode import FULL_MASK, NEG_INF
 from .pdl import wait_for_primary
 
 UNROLL = 8       # partial outputs loaded per thread before their sum is taken
 
 
-@cuda.jit(device=True, inline=True)
+@device_jit
 def fold_states(s, i, h, lane, num_states):
     """``(m, total)`` of row ``i``, head ``h`` over its ``num_states``
     log-sum-exps ``s[i, :, h]`` with the (m, l) rule, for a whole warp: each

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from numba import cuda, float32, uint16, uint32
 
 from .access import device_function
+from .convert import device_jit
 from .async_copy import copy16_async
 from .vector import copy16
 from .wgmma import opaque
@@ -24,7 +25,7 @@ def cuda_function(fn):
     """An inlined device function that uses the ``cuda`` module (warp votes,
     block indices): under the simulator a device function proper, whose call
     gives the calling module the simulated ``cuda`` as well."""
-    return cuda.jit(device=True, inline=True)(fn)
+    return device_jit(fn)
 
 
 def query_parts(P):
