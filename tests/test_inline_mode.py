@@ -4,7 +4,6 @@ the switch and its errors, the disk cache keeping them apart, and the same
 instructions from both for a kernel compiled to PTX with no GPU present."""
 import os
 import pathlib
-import re
 import subprocess
 import sys
 

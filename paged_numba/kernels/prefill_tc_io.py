@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from numba import cuda, float32, uint16, uint32
 
 from .access import device_function
-from .convert import device_jit
 from .async_copy import copy16_async
+from .convert import device_jit
 from .vector import copy16
 from .wgmma import opaque
 
