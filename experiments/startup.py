@@ -10,9 +10,9 @@ result on the host), ``second_s`` (the same call again) and the number of
 kernels the cache holds afterwards (-1 with the cache off). ``cold`` runs in an empty cache
 directory, ``warm`` in the directory the cold run filled, ``off`` with
 ``PAGED_NUMBA_CACHE=0``. fp16, 32 / 8 heads, head size 128, block size 16.
-``PAGED_NUMBA_INLINE=nvvm python experiments/startup.py`` measures the
-kernels with NVVM inlining their device functions (the command column says
-so).
+``PAGED_NUMBA_INLINE=numba python experiments/startup.py`` measures the
+kernels with Numba, not NVVM, inlining their device functions (the command
+column names the mode).
 """
 import argparse
 import datetime
@@ -24,6 +24,8 @@ import tempfile
 import uuid
 
 import pandas as pd
+
+from paged_numba.kernels.convert import inline_mode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -90,8 +92,7 @@ def main():
                 print(row, flush=True)
                 rows.append(row)
     df = pd.DataFrame(rows)
-    inline = os.environ.get("PAGED_NUMBA_INLINE")       # how the device functions were inlined
-    df["command"] = ((f"PAGED_NUMBA_INLINE={inline} " if inline else "")
+    df["command"] = (f"PAGED_NUMBA_INLINE={inline_mode()} "    # how the device functions were inlined
                      + "python experiments/startup.py" + (f" --out {args.out}" if args.out else ""))
     print(df.to_string(index=False))
     if args.out:

@@ -220,16 +220,27 @@ def test_register_cap_reaches_the_tensor_core_kernel(monkeypatch):
 def test_tensor_core_variants_are_options_of_the_call():
     """``pv_mma`` and ``key_rows`` of ``DecodePlan`` (and ``paged_decode``) pick
     the tensor-core kernel's variant; None keeps the default (pv_mma, and
-    key_rows in the unsplit kernel only); the CUDA-core kernel ignores them."""
+    key_rows in the unsplit kernel only); the CUDA-core kernel ignores them.
+    On a GPU the variant may come with a register cap (``register_cap``: a few
+    registers fewer for one more resident block), built from the same kernel."""
     from paged_numba.kernels.decode_tc import decode_tc_kernel
+    from paged_numba.kernels.specializations import decode_signatures
+    from paged_numba.kernels.tuning import register_cap
     cache = pn.PagedKVCache(8, 16, 1, 128, "float16")
     args = (128, 16, 4, "float16", "nhd", 4, 2)
+
+    def variant(split, **options):
+        kernel = decode_tc_kernel(*args, split, **options)
+        cap = register_cap(kernel, decode_signatures("float16", "nhd")[int(split)], 128)
+        return kernel if cap is None else decode_tc_kernel(*args, split, max_registers=cap,
+                                                            **options)
+
     for parts, split in ((1, False), (2, True)):
         plan = pn.DecodePlan(cache, 1, 4, 4, num_partitions=parts)
-        assert plan._kernel is decode_tc_kernel(*args, split, pv_mma=True, key_rows=not split)
+        assert plan._kernel is variant(split, pv_mma=True, key_rows=not split)
         for pv, kr in itertools.product((False, True), repeat=2):
             plan = pn.DecodePlan(cache, 1, 4, 4, num_partitions=parts, pv_mma=pv, key_rows=kr)
-            assert plan._kernel is decode_tc_kernel(*args, split, pv_mma=pv, key_rows=kr)
+            assert plan._kernel is variant(split, pv_mma=pv, key_rows=kr)
     plan = pn.DecodePlan(cache, 1, 4, 4, tensor_cores=False, pv_mma=False, key_rows=True)
     assert not plan.tensor_cores
 

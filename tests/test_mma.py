@@ -3,7 +3,7 @@ with the fragment layout written out independently of the decode kernel. On
 the simulator this checks the stand-in; on a GPU, the hardware."""
 import numpy as np
 import pytest
-from numba import cuda, float32, uint32
+from numba import config, cuda, float32, uint32
 
 import paged_numba  # noqa: F401  (simulator warp operations; NumPy's "bfloat16" dtype)
 from paged_numba.kernels.mma import load_words, mma_m16n8k16
@@ -145,6 +145,37 @@ def test_ldmatrix_x4_gives_each_lane_its_pairs(trans):
         mats = m.transpose(0, 2, 1) if trans else m     # trans: (M_j[2q, r], M_j[2q+1, r])
         want = [int(mats[j, r, 2 * q]) | (int(mats[j, r, 2 * q + 1]) << 16) for j in range(4)]
         assert got[lane].tolist() == want, lane
+
+
+@pytest.mark.skipif(not config.ENABLE_CUDASIM
+                    and cuda.get_current_device().compute_capability[0] < 9,
+                    reason="stmatrix needs sm_90")
+def test_stmatrix_x4_writes_each_lanes_row():
+    from paged_numba.kernels.mma import stmatrix_x4
+    # lane 4r + q holds, in word j, the pair (M_j[r, 2q], M_j[r, 2q + 1]); lane
+    # 8j + t names where row t of matrix j goes (a lane-dependent slot)
+    m = (np.arange(4 * 64, dtype=np.uint16) * 7 + 3).reshape(4, 8, 8)
+    words = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        r, q = divmod(lane, 4)
+        for j in range(4):
+            words[lane, j] = int(m[j, r, 2 * q]) | (int(m[j, r, 2 * q + 1]) << 16)
+    slot = (np.arange(32) * 5 + 3) % 32
+
+    @cuda.jit
+    def kernel(w, slots, out):
+        lane = cuda.threadIdx.x
+        sh = cuda.shared.array(256, np.float16)
+        stmatrix_x4(sh, slots[lane] * 8, w[lane, 0], w[lane, 1], w[lane, 2], w[lane, 3])
+        cuda.syncthreads()
+        for e in range(8):
+            out[lane * 8 + e] = sh[lane * 8 + e]
+
+    out = cuda.to_device(np.zeros(256, np.float16))
+    kernel[1, 32](cuda.to_device(words), cuda.to_device(slot.astype(np.int32)), out)
+    got = out.copy_to_host().view(np.uint16).reshape(32, 8)
+    for lane in range(32):
+        assert got[slot[lane]].tolist() == m[lane // 8, lane % 8].tolist(), lane
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -35,6 +35,13 @@ of ``M_j`` are its ``K`` index. All 32 lanes must call it together.
 ``M_j[r, 2c]`` and ``M_j[r, 2c+1]`` (the ``B`` fragment of ``mma_m16n8k16``
 when the rows of ``M_j`` are its ``N`` index).
 
+``stmatrix_x4(arr, flat, w0, w1, w2, w3)`` (sm_90) is ``ldmatrix_x4`` the other
+way: word ``j`` of every lane holds ``M_j[r, 2c]`` (low half) and ``M_j[r,
+2c+1]``, and lanes ``8j .. 8j+7`` name the 16-byte rows of ``M_j`` that the
+warp writes (row ``lane % 8`` of ``M_{lane // 8}`` at the lane's ``flat``). A
+warp's accumulator fragments, rounded and packed, are such words: four 8 x 8
+tiles of output in one instruction, one address a lane.
+
 ``pack_pair(dtype)`` returns ``pack(x0, x1) -> word``: the two float32 values
 rounded to nearest (even) in ``dtype`` and packed into one ``uint32``, ``x0`` in
 the low half (an mma A or B fragment word).
@@ -122,6 +129,16 @@ if config.ENABLE_CUDASIM:
         (r, c), rows = _ldmatrix_rows(arr, flat)
         return tuple(rows[8 * j + r][2 * c] | (rows[8 * j + r][2 * c + 1] << 16)
                      for j in range(4))
+
+    def stmatrix_x4(arr, flat, w0, w1, w2, w3):
+        from .._simulator import _rendezvous
+        lane, _, got = _rendezvous(0xFFFFFFFF, "stmatrix", (int(flat), (w0, w1, w2, w3)))
+        # every lane writes the row it names: row i of matrix j, whose words
+        # are word j of lanes 4i .. 4i + 3
+        j, i = divmod(lane, 8)
+        words = [int(got[4 * i + c][1][j]) & 0xFFFFFFFF for c in range(4)]
+        a = _host_flat(arr)
+        a[flat:flat + 8].view(np.uint32)[:] = words
 
     def _round_half(y, dtype):
         """(bits, value) of float32 ``y`` rounded to ``dtype``."""
@@ -265,6 +282,29 @@ else:
 
     ldmatrix_x4_trans = intrinsic(_ldmatrix(True))
     ldmatrix_x4 = intrinsic(_ldmatrix(False))
+
+    @intrinsic
+    def stmatrix_x4(typingctx, arr, flat, w0, w1, w2, w3):
+        if not (isinstance(arr, types.Array) and arr.dtype.bitwidth == 16):
+            return None
+        sig = types.void(arr, flat, types.uint32, types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig_, args):
+            from .async_copy import _shared_address
+            arr_ty, flat_ty = sig_.args[:2]
+            base = _shared_address(builder, context.make_array(arr_ty)(context, builder,
+                                                                       args[0]).data)
+            i = builder.trunc(context.cast(builder, args[1], flat_ty, types.intp), _U32)
+            addr = builder.add(base, builder.mul(i, ir.Constant(_U32, 2)))
+            words = [context.cast(builder, v, t, types.uint32)
+                     for v, t in zip(args[2:], sig_.args[2:])]
+            fnty = ir.FunctionType(ir.VoidType(), [_U32] * 5)
+            builder.call(ir.InlineAsm(
+                fnty, "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1,$2,$3,$4};",
+                "r,r,r,r,r,~{memory}", side_effect=True), [addr] + words)
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     _SPLIT = {
         "float16": ("cvt.rn.f16x2.f32 $0, b, a;\n\tmov.b32 {h, k}, $0;\n"

@@ -14,6 +14,7 @@ from numba import cuda, float32, uint16, uint32
 from .access import device_function
 from .async_copy import copy16_async
 from .convert import device_jit
+from .mma import stmatrix_x4
 from .vector import copy16
 from .wgmma import opaque
 
@@ -132,69 +133,116 @@ def query_parts(P):
                                     h0, num_heads)
 
     @cuda_function
-    def stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, words, qbase):
+    def stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, qbase):
         """The first half of :func:`store_staged`: the rows' ``O / l`` into
         shared memory and their log-sum-exps into ``lse``; the warp then
-        synchronises. The lane, warp and ``qbase`` are taken as unsigned (see
-        :func:`load_query_chunk_at`)."""
+        synchronises. The rows go out by ``stmatrix``, four 8 x 8 tiles an
+        instruction: the halves ``h`` = 0, 1 (rows ``r`` and ``r + 8``) of
+        n-tiles ``j`` and ``j + 1``, so that lane ``8 g + e`` names row ``e +
+        8 (g % 2)``, at chunk ``j + g // 2`` (swizzled) of it. The lane, warp
+        and ``qbase`` are taken as unsigned (see :func:`load_query_chunk_at`)."""
         lane = uint32(lane)
         warp = uint32(warp)
         qbase = uint32(qbase)
         r = lane // 4
         c = lane % 4
-        base = qbase + 16 * warp * D
+        g = lane // 8
+        i = lane % 8 + 8 * (g % 2)          # the staged row this lane names
+        row = qbase + 16 * warp * D + i * D
+        sw = i & SWZ
+        half = g // 2
+        inv0 = float32(0.0)
+        inv1 = float32(0.0)
         for h in range(2):
             lsum = quad_sum(l_[0, h])
             inv = float32(0.0)
             if lsum != 0.0:
                 inv = float32(1.0) / lsum
-            i = r + 8 * h
-            for j in range(NTILE_O):
-                words[(base + i * D + (j ^ (i & SWZ)) * 8 + 2 * c) // 2] = pack(
-                    o[0, j, 2 * h] * inv, o[0, j, 2 * h + 1] * inv)
-            rr = 16 * warp + i
+            if h == 0:
+                inv0 = inv
+            else:
+                inv1 = inv
+            rr = 16 * warp + r + 8 * h
             if c == 0 and rr // HPB < nq:
                 x = NEG_INF
                 if lsum != 0.0:
                     x = (m[0, h] * sc + math.log2(lsum)) * float32(LN2)
                 lse[row0 + q0 + rr // HPB, h0 + rr % HPB] = x
+        for j in range(0, NTILE_O, 2):
+            stmatrix_x4(sm, row + ((j + half) ^ sw) * 8,
+                        pack(o[0, j, 0] * inv0, o[0, j, 1] * inv0),
+                        pack(o[0, j, 2] * inv1, o[0, j, 3] * inv1),
+                        pack(o[0, j + 1, 0] * inv0, o[0, j + 1, 1] * inv0),
+                        pack(o[0, j + 1, 2] * inv1, o[0, j + 1, 3] * inv1))
         cuda.syncwarp()
 
     @device_function
-    def store_chunk(out, sm, qbase, warp, idx, nq, row0, q0, h0):
-        """The second half of :func:`store_staged`, one 16-byte chunk: chunk
-        ``idx`` (of ``WARP_QCHUNKS``) of warp ``warp``'s staged rows at flat
-        ``qbase`` into ``out``, if its row is one of the ``nq`` tokens (the
-        indices unsigned, as in :func:`load_query_chunk_at`)."""
+    def copy_chunk(out, sm, qbase, warp, idx, row0, q0, h0):
+        """Chunk ``idx`` (of ``WARP_QCHUNKS``) of warp ``warp``'s staged rows
+        at flat ``qbase`` into ``out``, whatever its row (unsigned indices, as
+        in :func:`load_query_chunk_at`)."""
         idx = uint32(idx)
         warp = uint32(warp)
         qbase = uint32(qbase)
         i = idx // NCH
         ch = idx % NCH
         rr = 16 * warp + i
-        if rr // HPB < nq:
-            copy16(sm, qbase + 16 * warp * D + i * D + (ch ^ (i & SWZ)) * 8, out,
-                   ((row0 + q0 + rr // HPB) * out.shape[1] + h0 + rr % HPB) * D + ch * 8)
+        copy16(sm, qbase + 16 * warp * D + i * D + (ch ^ (i & SWZ)) * 8, out,
+               ((row0 + q0 + rr // HPB) * out.shape[1] + h0 + rr % HPB) * D + ch * 8)
+
+    @device_function
+    def store_chunk(out, sm, qbase, warp, idx, nq, row0, q0, h0):
+        """The second half of :func:`store_staged`, one 16-byte chunk:
+        :func:`copy_chunk` if its row is one of the ``nq`` tokens."""
+        if (16 * uint32(warp) + uint32(idx) // NCH) // HPB < nq:
+            copy_chunk(out, sm, qbase, warp, idx, row0, q0, h0)
+
+    # the lanes store ROW_STEP whole staged rows a step; where that is a power
+    # of two (``NCH`` divides 32), a lane's later rows are its first plus
+    # constants: ``ROW_STEP u`` rows on, the token ``ROW_STEP u // HPB`` on and
+    # the head ``ROW_STEP u % HPB`` on (a step stays within the warp's 16 rows
+    # and never carries into the next token), and the chunk's swizzle XORed
+    # with ``ROW_STEP u & SWZ`` (the first row's bits lie below ROW_STEP's)
+    ROW_STEP = 32 // NCH if 32 % NCH == 0 else 0
+    REGULAR = ROW_STEP > 0 and ROW_STEP & (ROW_STEP - 1) == 0 and WARP_QCHUNKS % 32 == 0
 
     @cuda_function
-    def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, words, qbase):
+    def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, qbase):
         """Epilogue of warp ``warp``'s 16 rows (one m-tile, not split) through
         its query rows in shared memory (elements ``qbase + 16 warp D .. qbase +
         16 (warp + 1) D`` in every layout), which its products must be done
-        with: each lane
-        rounds its pairs of ``O / l`` as :func:`store_half` does and writes them
-        as 32-bit ``words`` (the same shared memory); after the warp
+        with: the warp rounds ``O / l`` as :func:`store_half` does and writes
+        it there by ``stmatrix`` (:func:`stage_rows`); after the warp
         synchronises, each lane stores 16-byte chunks of whole output rows
         (``NCH`` lanes a row), where :func:`store_half` stores 2-byte elements,
-        8 rows an instruction. Chunk ``ch`` of staged row ``i`` lies at chunk
-        ``ch ^ (i & SWZ)``, so the 4-byte writes of 8 rows fall in 32 banks.
-        The lane goes through :func:`kernels.wgmma.opaque` first: otherwise the
-        compiler hoists the 32 shared-memory offsets, which depend on the lane
-        only, out of a persistent block's loop over its items, and they spill."""
+        8 rows an instruction, with one warp-wide test for rows past the
+        item's queries when none is. Chunk ``ch`` of staged row ``i`` lies at
+        chunk ``ch ^ (i & SWZ)``, so the 16-byte rows of 8 staged rows fall in
+        32 banks. The lane goes through :func:`kernels.wgmma.opaque` first:
+        otherwise the compiler hoists the shared-memory offsets, which depend
+        on the lane only, out of a persistent block's loop over its items, and
+        they spill."""
         lane = opaque(lane)
-        stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, words, qbase)
-        for u in range(WARP_QCHUNKS // 32):
-            store_chunk(out, sm, qbase, warp, lane + 32 * u, nq, row0, q0, h0)
+        stage_rows(lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, qbase)
+        if REGULAR:
+            lane = uint32(lane)
+            warp = uint32(warp)
+            i0 = lane // NCH                # the lane's first staged row, and its chunk
+            ch = lane % NCH
+            x = ch ^ (i0 & SWZ)
+            sh0 = uint32(qbase) + 16 * warp * D + i0 * D
+            rr0 = 16 * warp + i0
+            t0 = rr0 // HPB
+            heads = out.shape[1]
+            o0 = ((row0 + q0 + t0) * heads + h0 + rr0 % HPB) * D + ch * 8
+            for u in range(WARP_QCHUNKS // 32):
+                a, b = ROW_STEP * u // HPB, ROW_STEP * u % HPB
+                if t0 + a < nq:
+                    copy16(sm, sh0 + ROW_STEP * u * D + (x ^ (ROW_STEP * u & SWZ)) * 8, out,
+                           o0 + (a * heads + b) * D)
+        else:
+            for u in range(WARP_QCHUNKS // 32):
+                store_chunk(out, sm, qbase, warp, lane + 32 * u, nq, row0, q0, h0)
         cuda.syncwarp()
 
     return SimpleNamespace(
@@ -202,4 +250,4 @@ def query_parts(P):
         load_query_chunk_at=load_query_chunk_at, load_query_chunk=load_query_chunk,
         load_queries=load_queries, load_warpgroup_queries=load_warpgroup_queries,
         load_warp_queries=load_warp_queries, store_staged=store_staged, stage_rows=stage_rows,
-        store_chunk=store_chunk)
+        store_chunk=store_chunk, copy_chunk=copy_chunk)

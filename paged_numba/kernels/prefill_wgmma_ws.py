@@ -370,12 +370,12 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                     store_half(out, lse, o, m, l_, sc, wrow, r, c, nq, row0, q0, h0, 0, 1)
                 elif DEFER:     # staged now, stored during the next item's key loop
                     have = settle(owed, q_args)
-                    stage_rows(lse, o, m, l_, sc, wrow, wg.opaque(lane), nq, row0, q0, h0, words,
+                    stage_rows(lse, o, m, l_, sc, wrow, wg.opaque(lane), nq, row0, q0, h0, sm,
                                qbase)
                     owe_stores(owed, qbase, row0, q0, nq, h0)
                 else:       # through this warp's query rows (the per-warp query loads)
                     store_staged(out, lse, o, m, l_, sc, wrow, lane, nq, row0, q0, h0, sm,
-                                 words, qbase)
+                                 qbase)
                 mark(errors, rnd, 1 + cwg, 3, ct)
                 done += ntiles
                 if PREFETCH:
