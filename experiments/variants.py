@@ -13,7 +13,7 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "ws": ("producer", True), "sw": ("swizzle", True),
            "pp": ("pingpong", True), "ps": ("persistent", True), "lz": ("lazy_rescale", True),
            "pq": ("prefetch_queries", True), "pr": ("prefetch_ranges", True),
-           "ds": ("deferred_stores", True),
+           "ds": ("deferred_stores", True), "fe": ("fma_exp2", True),
            "sh": ("split_halves", True), "mb": ("mbarriers", True),
            "tm": ("tensor_maps", True), "ll": ("lean_loop", True),
            "sr": ("split_rings", True)}

@@ -62,7 +62,7 @@ class PrefillPlan:
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
         ``deferred_stores``, ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
-        ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``), for
+        ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``, ``fma_exp2``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -83,7 +83,9 @@ class PrefillPlan:
         item runs, a few copies each time a warpgroup has issued products
         (32 KB more shared memory at head size 128); ``deferred_stores=True``
         (with ``prefetch_queries``) stores an item's output rows during the
-        next item's products instead of before them;
+        next item's products instead of before them; ``fma_exp2=True`` (with
+        ``producer`` and ``fast_exp2``) computes a quarter of the softmax's
+        exponentials on the FMA pipe instead of the special-function unit;
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

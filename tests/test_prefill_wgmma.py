@@ -95,14 +95,17 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
         q_in_regs=True)), {}),
     (WG_D128, False, dict(WS_ONE, block_n=32, kernel_options=dict(
-        WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {})],
+        WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {}),
+    (WS_LONG, True, dict(WS_TWO, block_n=32, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
+        fast_exp2=True, fma_exp2=True)), dict(logits_soft_cap=3.0))],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
          "prefetch-swizzled-window", "prefetch-lean-loop",
          "deferred-stores-lean-loop", "deferred-stores-serpentine", "persistent-split-k-ranges", "mbarriers",
          "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers",
          "queries-in-registers-default-loop",
-         "queries-in-registers-head-128-split"])
+         "queries-in-registers-head-128-split", "fma-exp2-lean-loop"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -125,7 +128,8 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     with the lean loop); the
     queries as the register A operand of ``S = Q K^T`` (``q_in_regs``: one
     warpgroup; the default's loop, swizzled, persistent, lean; head size 128
-    in the copy engine's layout)."""
+    in the copy engine's layout); a quarter of the exponentials on the FMA pipe
+    (``fma_exp2``: 32-key tiles, so each tile has such an n-tile)."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -287,6 +291,12 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="deferred_stores=True, .* without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
                                                                        deferred_stores=True)))
+    with pytest.raises(ValueError, match="fma_exp2=True needs fast_exp2=True"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], fast_exp2=False, fma_exp2=True)))
+    with pytest.raises(ValueError, match="fma_exp2=True, .* without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, fast_exp2=True,
+                                                                       fma_exp2=True)))
     with pytest.raises(ValueError, match="persistent=True needs pingpong=True"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], persistent=True)))

@@ -69,7 +69,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
                       producer_registers=None, split_halves=False, mbarriers=False,
                       tensor_maps=False, lean_loop=False, split_rings=False, pdl=False,
-                      deferred_stores=False):
+                      deferred_stores=False, fma_exp2=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -129,6 +129,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     runs (:mod:`kernels.item_handover`); ``deferred_stores=True`` (with
     ``prefetch_queries``) stores an item's output rows during the next
     item's key loop;
+    ``fma_exp2=True`` (with ``producer`` and ``fast_exp2``) computes a quarter
+    of the softmax's exponentials on the FMA pipe
+    (:func:`kernels.fastmath.exp2_fma`).
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's
@@ -183,19 +186,20 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            split_halves=split_halves, mbarriers=mbarriers,
                                            tensor_maps=tensor_maps, lean_loop=lean_loop,
                                            q_in_regs=bool(q_in_regs), split_rings=split_rings,
-                                           pdl=pdl, deferred_stores=deferred_stores)
+                                           pdl=pdl, deferred_stores=deferred_stores,
+                                           fma_exp2=fma_exp2)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
-                or mbarriers or lean_loop or split_rings or deferred_stores):
+                or mbarriers or lean_loop or split_rings or deferred_stores or fma_exp2):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"deferred_stores, "
+                             f"deferred_stores, fma_exp2, "
                              f"prefetch_ranges, lean_loop, split_rings, producer_registers, "
                              f"split_halves and mbarriers "
                              f"apply to the producer kernel, but got stages={stages}, "
                              f"pingpong={pingpong}, "
                              f"persistent={persistent}, timeline={timeline}, "
                              f"prefetch_queries={prefetch_queries}, "
-                             f"deferred_stores={deferred_stores}, "
+                             f"deferred_stores={deferred_stores}, fma_exp2={fma_exp2}, "
                              f"prefetch_ranges={prefetch_ranges}, lean_loop={lean_loop}, "
                              f"split_rings={split_rings}, "
                              f"producer_registers={producer_registers}, "
@@ -207,10 +211,11 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                     guard=guard, lazy_rescale=lazy_rescale)
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
             or timeline or prefetch_queries or prefetch_ranges or producer_registers is not None
-            or split_halves or mbarriers or lean_loop or split_rings or deferred_stores):
+            or split_halves or mbarriers or lean_loop or split_rings or deferred_stores
+            or fma_exp2):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
-                         "deferred_stores=True, "
+                         "deferred_stores=True, fma_exp2=True, "
                          "prefetch_ranges=True, lean_loop=True, split_rings=True, "
                          "producer_registers, split_halves and mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,

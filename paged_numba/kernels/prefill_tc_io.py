@@ -215,8 +215,9 @@ def query_parts(P):
         it there by ``stmatrix`` (:func:`stage_rows`); after the warp
         synchronises, each lane stores 16-byte chunks of whole output rows
         (``NCH`` lanes a row), where :func:`store_half` stores 2-byte elements,
-        8 rows an instruction, with one warp-wide test for rows past the
-        item's queries when none is. Chunk ``ch`` of staged row ``i`` lies at
+        8 rows an instruction, at offsets from the lane's first row computed
+        once (see ``ROW_STEP``), each behind one compare for a row past the
+        item's queries. Chunk ``ch`` of staged row ``i`` lies at
         chunk ``ch ^ (i & SWZ)``, so the 16-byte rows of 8 staged rows fall in
         32 banks. The lane goes through :func:`kernels.wgmma.opaque` first:
         otherwise the compiler hoists the shared-memory offsets, which depend

@@ -23,7 +23,7 @@ from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import LOG2E, STORAGE, lane_reducer
-from .fastmath import exp2_approx
+from .fastmath import exp2_approx, exp2_fma
 from .guard import (checked_block, checked_unchecked, clamped_length, clamped_unchecked,
                     record_block, record_nothing)
 from .mma import pack_pair
@@ -43,7 +43,7 @@ RESCALE_SLACK = 8.0
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
                token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
-               guard=True, lazy_rescale=False, lean=False):
+               guard=True, lazy_rescale=False, lean=False, fma_exp2=False):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -65,7 +65,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     than from -inf and 0, the per-element mask compares in int32, and
     :func:`mask_limits` / :func:`logits_masked` let a key loop decide a
     tile's mask with two compares before its scores land (the same results;
-    fewer instructions, read from the SASS).
+    fewer instructions, read from the SASS). ``fma_exp2``: a quarter of the
+    weights (n-tiles ``i`` with ``i % 4 == 3``) by :func:`kernels.fastmath.exp2_fma`
+    on the FMA pipe, the rest by ``exp2``, to take load off the
+    special-function unit (the same bound: both are within 2 ulp).
     """
     LEAN = bool(lean)
     D = head_size
@@ -123,6 +126,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                          f"a token, but got {TPT} for head_size={D}, block_n={BN}, "
                          f"num_warps={NW}")
     exp2 = exp2_approx if fast_exp2 else math.exp2
+    FMA_EXP2 = bool(fma_exp2)
     LAZY = bool(lazy_rescale)
     checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
                                    (checked_unchecked, record_nothing, clamped_unchecked))
@@ -349,8 +353,12 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         a = float32(0.0)                  # two independent partial sums
         b = float32(0.0)
         for i in range(NTILE_S):
-            s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
-            s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+            if FMA_EXP2 and i % 4 == 3:     # a quarter on the FMA pipe
+                s[t, i, 2 * h] = exp2_fma(s[t, i, 2 * h] * sc + sub)
+                s[t, i, 2 * h + 1] = exp2_fma(s[t, i, 2 * h + 1] * sc + sub)
+            else:
+                s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
+                s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
             if LEAN and i == 0:
                 a = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
             elif LEAN and i == 1:

@@ -95,7 +95,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             split_halves=False, mbarriers=False, tensor_maps=False,
                             merge_parts=False, lean_loop=False, q_in_regs=False,
                             split_rings=False, pdl=False, alternate_tiles=False,
-                            deferred_stores=False):
+                            deferred_stores=False, fma_exp2=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -122,11 +122,14 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``split_halves``, ``mbarriers``, ``tensor_maps``, ``merge_parts``,
     ``lean_loop``, ``q_in_regs``, ``split_rings``, ``pdl``,
     ``alternate_tiles``) are described in :mod:`kernels.prefill_ws_options`,
-    which checks their combinations."""
+    which checks their combinations; ``fma_exp2`` (with ``fast_exp2``) as for
+    :func:`kernels.prefill_tc_parts.tile_parts`."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
                   lean_loop, pdl, alternate_tiles, deferred_stores)
+    if fma_exp2 and not fast_exp2:
+        raise ValueError(f"fma_exp2=True needs fast_exp2=True, but got fast_exp2={fast_exp2}")
     ALT = bool(alternate_tiles)
     PDL = bool(pdl)
     SPLIT_RINGS = bool(split_rings)
@@ -137,7 +140,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                    4 if ALT else num_warps, 1, split_k, layout_kind, fast_exp2, False, False,
                    STAGES,
                    copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard,
-                   lazy_rescale=lazy_rescale, lean=lean_loop)
+                   lazy_rescale=lazy_rescale, lean=lean_loop, fma_exp2=fma_exp2)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
