@@ -63,6 +63,22 @@ def ratio(us, peer_us):
 
 # -- timing (GPU) ------------------------------------------------------------------------
 
+def gpu_state():
+    """``{"sm_mhz": ..., "power_w": ...}`` of GPU 0 now, from ``nvidia-smi`` (read
+    only; empty strings where it is missing). Taken right after a timed loop,
+    it says at what clock and power the loop ended: runs that differ by more
+    than their spread may differ there (a warmer card clocks lower)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=clocks.sm,power.draw",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10).stdout.split(",")
+        return {"sm_mhz": int(float(out[0])), "power_w": round(float(out[1]))}
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return {"sm_mhz": "", "power_w": ""}
+
+
 def flushed_time(call, reps, warmup=3):
     """Median microseconds of ``call()`` over ``reps`` calls, each timed with CUDA
     events after a 256 MB write that evicts the L2 (outside the events). The

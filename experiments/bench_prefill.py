@@ -76,15 +76,15 @@ import traceback
 
 import numpy as np
 
-from bench_common import (flushed_time, guard_cost, import_flashinfer, new_run_id, print_table,
-                          ratio, write_rows)
+from bench_common import (flushed_time, gpu_state, guard_cost, import_flashinfer, new_run_id,
+                          print_table, ratio, write_rows)
 from prefill_problem import Problem, cu_seqlens, flashinfer_caller, numba_caller, sdpa_caller
 
 FIELDS = ["run_id", "gpu", "impl", "impl_detail", "case", "dtype", "kv_dtype", "head_size",
           "block_size",
           "num_heads", "num_kv_heads", "batch", "q_tokens", "kv_tokens", "pairs", "us", "tflops",
           "ratio_to_sdpa", "ratio_to_fa2", "ratio_to_fa3", "ratio_to_noguard", "check_max_err",
-          "tiling", "regs", "command"]
+          "tiling", "regs", "sm_mhz", "power_w", "command"]
 IMPLS = ["paged_numba", "torch_sdpa", "flashinfer_fa2", "flashinfer_fa3"]
 PEERS = {"ratio_to_sdpa": "torch_sdpa", "ratio_to_fa2": "flashinfer_fa2",
          "ratio_to_fa3": "flashinfer_fa3", "ratio_to_noguard": "paged_numba_noguard"}
@@ -280,11 +280,12 @@ def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
                 traceback.print_exc()
         try:
             us = flushed_time(run, args.reps)
+            state = gpu_state()         # the clock and power the loop ended at
         except Exception:  # noqa: BLE001 - keep the other implementations' rows
             traceback.print_exc()
             continue
         rows.append(dict(common, impl=impl, impl_detail=detail, us=us, tflops=fl / us / 1e6,
-                         check_max_err=err, **{"tiling": "", "regs": "", **extra}))
+                         check_max_err=err, **state, **{"tiling": "", "regs": "", **extra}))
     return rows
 
 

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from numba import cuda
 
 import paged_numba as pn
-from bench_common import prefill_without_guard
+from bench_common import gpu_state, prefill_without_guard
 from paged_numba import _launch
 from variants import parse_variant
 
@@ -184,14 +184,17 @@ def run_case(case, args):
         except Exception as exc:  # noqa: BLE001 - try the next variant
             print(f"{name:>24} failed: {exc!r}", flush=True)
     times = {name: [] for name in calls}
+    mhz = {name: [] for name in calls}     # the SM clock each loop ended at
     for _ in range(args.rounds):
         for name, call in calls.items():
             times[name].append(timed(call, args.reps, flush))
+            mhz[name].append(gpu_state()["sm_mhz"])
     for name, ts in times.items():
         us = statistics.median(ts)
         spread = f" (rounds {min(ts):.1f}-{max(ts):.1f})" if len(ts) > 1 else ""
-        print(f"{name:>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s{spread}{notes[name]}",
-              flush=True)
+        clocks = "/".join(str(m) for m in mhz[name])
+        print(f"{name:>24} {us:10.1f} us {flops / us / 1e6:7.1f} TFLOP/s{spread}{notes[name]}"
+              f"  sm {clocks} MHz", flush=True)
 
 
 def precompile(args):
