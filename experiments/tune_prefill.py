@@ -22,7 +22,9 @@ multiprocessor), ``-lz`` (with ``-wg``: ``lazy_rescale``), ``-pq`` (with ``-ps``
 the K/V tiles in the layout of tensor-map copies, ``split_halves``), ``-mb`` (with ``-pp``:
 the copies arrive at mbarriers as they land, ``mbarriers``), ``-tm`` (with ``-sh -mb``: whole tiles
 through the copy engine, ``tensor_maps``), ``-ll`` (with ``-ws``: the consumers' lean key loop,
-``lean_loop``), ``-sr`` (with ``-ll``: separate K and V rings, ``split_rings``), ``-ng``
+``lean_loop``), ``-sr`` (with ``-ll``: separate K and V rings, ``split_rings``), ``-fe``
+(with ``-fx -ws``: a quarter of the exponentials on the FMA pipe, ``fma_exp2``; ``-fe<K>``
+those of every K-th n-tile), ``-ng``
 (the kernel built without the device guard, to time
 what the guard costs: only for valid tables); ``default`` (the plan's default
 tiling and options, ``default-ng`` without the guard) or ``cuda-cores`` (the

@@ -37,6 +37,8 @@ def parse_variant(name):
             options["producer_registers"] = int(o[2:])
         elif re.fullmatch(r"h\d+", o):
             hpb = int(o[1:])
+        elif re.fullmatch(r"fe\d+", o):     # every k-th n-tile's exponentials on the FMA pipe
+            options["fma_exp2"] = int(o[2:])
         elif re.fullmatch(r"s\d+", o):
             options["stages"] = int(o[1:])
         elif re.fullmatch(r"p\d+", o):

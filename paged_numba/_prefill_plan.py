@@ -123,7 +123,10 @@ _OPTION_CHECKS = {
     "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
     "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
     "lazy_rescale": C.flag, "prefetch_queries": C.flag, "prefetch_ranges": C.flag,
-    "deferred_stores": C.flag, "fma_exp2": C.flag,
+    "deferred_stores": C.flag,
+    # True (a quarter of the n-tiles) or every k-th n-tile, k a power of two up to 8
+    "fma_exp2": lambda name, v: (bool(v) if isinstance(v, (bool, np.bool_))
+                                 else C.power_of_two(name, v, hi=8)),
     "split_halves": C.flag, "mbarriers": C.flag, "tensor_maps": C.flag, "lean_loop": C.flag,
     "split_rings": C.flag,
     "stages": lambda name, v: None if v is None else C.integer(name, v, lo=2, hi=7),

@@ -85,7 +85,8 @@ class PrefillPlan:
         (with ``prefetch_queries``) stores an item's output rows during the
         next item's products instead of before them; ``fma_exp2=True`` (with
         ``producer`` and ``fast_exp2``) computes a quarter of the softmax's
-        exponentials on the FMA pipe instead of the special-function unit;
+        exponentials on the FMA pipe instead of the special-function unit
+        (``fma_exp2=k``, k = 1, 2, 4 or 8: those of every k-th 8-key n-tile);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

@@ -98,14 +98,17 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         WS["kernel_options"], swizzle=True, split_halves=True, q_in_regs=True)), {}),
     (WS_LONG, True, dict(WS_TWO, block_n=32, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
-        fast_exp2=True, fma_exp2=True)), dict(logits_soft_cap=3.0))],
+        fast_exp2=True, fma_exp2=True)), dict(logits_soft_cap=3.0)),
+    (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, block_n=32, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, persistent=3, stages=3, fast_exp2=True,
+        fma_exp2=2)), {})],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
          "prefetch-swizzled-window", "prefetch-lean-loop",
          "deferred-stores-lean-loop", "deferred-stores-serpentine", "persistent-split-k-ranges", "mbarriers",
          "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers",
          "queries-in-registers-default-loop",
-         "queries-in-registers-head-128-split", "fma-exp2-lean-loop"])
+         "queries-in-registers-head-128-split", "fma-exp2-lean-loop", "fma-exp2-half"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -129,7 +132,8 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     queries as the register A operand of ``S = Q K^T`` (``q_in_regs``: one
     warpgroup; the default's loop, swizzled, persistent, lean; head size 128
     in the copy engine's layout); a quarter of the exponentials on the FMA pipe
-    (``fma_exp2``: 32-key tiles, so each tile has such an n-tile)."""
+    (``fma_exp2``: 32-key tiles, so each tile has such an n-tile; a half,
+    ``fma_exp2=2``, in the serpentine)."""
     check_prefill(p, causal, tiling, **extra)
 
 
@@ -294,6 +298,10 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="fma_exp2=True needs fast_exp2=True"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], fast_exp2=False, fma_exp2=True)))
+    with pytest.raises(ValueError, match=r"kernel_options\['fma_exp2'\] must be a power of two "
+                                         r"in \[1, 8\], but got 3"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], fma_exp2=3)))
     with pytest.raises(ValueError, match="fma_exp2=True, .* without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, fast_exp2=True,
                                                                        fma_exp2=True)))

@@ -131,7 +131,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     item's key loop;
     ``fma_exp2=True`` (with ``producer`` and ``fast_exp2``) computes a quarter
     of the softmax's exponentials on the FMA pipe
-    (:func:`kernels.fastmath.exp2_fma`).
+    (:func:`kernels.fastmath.exp2_fma`); ``fma_exp2=k`` (1, 2, 4 or 8) those
+    of every k-th n-tile.
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's

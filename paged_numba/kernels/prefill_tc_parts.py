@@ -65,10 +65,11 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     than from -inf and 0, the per-element mask compares in int32, and
     :func:`mask_limits` / :func:`logits_masked` let a key loop decide a
     tile's mask with two compares before its scores land (the same results;
-    fewer instructions, read from the SASS). ``fma_exp2``: a quarter of the
-    weights (n-tiles ``i`` with ``i % 4 == 3``) by :func:`kernels.fastmath.exp2_fma`
-    on the FMA pipe, the rest by ``exp2``, to take load off the
-    special-function unit (the same bound: both are within 2 ulp).
+    fewer instructions, read from the SASS). ``fma_exp2=k`` (a power of two;
+    True means 4): the weights of every k-th n-tile (``i % k == k - 1``) by
+    :func:`kernels.fastmath.exp2_fma` on the FMA pipe, the rest by ``exp2``,
+    to take load off the special-function unit (the same bound: both are
+    within 2 ulp).
     """
     LEAN = bool(lean)
     D = head_size
@@ -126,7 +127,8 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                          f"a token, but got {TPT} for head_size={D}, block_n={BN}, "
                          f"num_warps={NW}")
     exp2 = exp2_approx if fast_exp2 else math.exp2
-    FMA_EXP2 = bool(fma_exp2)
+    # fma_exp2: every FMA_EVERY-th n-tile's weights on the FMA pipe (True: a quarter)
+    FMA_EVERY = 4 if fma_exp2 is True else int(fma_exp2 or 0)
     LAZY = bool(lazy_rescale)
     checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
                                    (checked_unchecked, record_nothing, clamped_unchecked))
@@ -353,7 +355,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         a = float32(0.0)                  # two independent partial sums
         b = float32(0.0)
         for i in range(NTILE_S):
-            if FMA_EXP2 and i % 4 == 3:     # a quarter on the FMA pipe
+            if FMA_EVERY and i % FMA_EVERY == FMA_EVERY - 1:     # on the FMA pipe
                 s[t, i, 2 * h] = exp2_fma(s[t, i, 2 * h] * sc + sub)
                 s[t, i, 2 * h + 1] = exp2_fma(s[t, i, 2 * h + 1] * sc + sub)
             else:

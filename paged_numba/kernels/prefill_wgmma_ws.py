@@ -129,7 +129,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                   split_halves, mbarriers, tensor_maps, merge_parts, q_in_regs, split_rings,
                   lean_loop, pdl, alternate_tiles, deferred_stores)
     if fma_exp2 and not fast_exp2:
-        raise ValueError(f"fma_exp2=True needs fast_exp2=True, but got fast_exp2={fast_exp2}")
+        raise ValueError(f"fma_exp2={fma_exp2!r} needs fast_exp2=True, but got "
+                         f"fast_exp2={fast_exp2}")
     ALT = bool(alternate_tiles)
     PDL = bool(pdl)
     SPLIT_RINGS = bool(split_rings)
