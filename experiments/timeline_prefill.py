@@ -19,8 +19,8 @@ table lookups and copies issued: it waits there for a free ring stage),
 ``rest`` (the other tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the
 item's key tiles.
 Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
-``--prefetch-queries``, ``--deferred-stores`` and ``--prefetch-ranges`` add those
-kernel options, timed and stamped).
+``--prefetch-queries``, ``--deferred-stores``, ``--prefetch-ranges`` and
+``--fma-exp2 K`` add those kernel options, timed and stamped).
 """
 import argparse
 import statistics
@@ -95,6 +95,8 @@ def run_case(case, args):
     extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
                                          ("prefetch_ranges", args.prefetch_ranges),
                                          ("deferred_stores", args.deferred_stores)) if on}
+    if args.fma_exp2:
+        extra["fma_exp2"] = args.fma_exp2
     if extra:
         plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal,
                               tensor_cores=True, num_warps=plan.num_warps, block_n=plan.block_n,
@@ -145,6 +147,9 @@ def main():
     ap.add_argument("--deferred-stores", action="store_true",
                     help="the default with kernel_options['deferred_stores'] = True "
                          "(with --prefetch-queries)")
+    ap.add_argument("--fma-exp2", type=int, default=0, metavar="K",
+                    help="the default with kernel_options['fma_exp2'] = K: every K-th "
+                         "n-tile's exponentials on the FMA pipe (4: a quarter)")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)
