@@ -177,25 +177,21 @@ def query_parts(P):
         cuda.syncwarp()
 
     @device_function
-    def copy_chunk(out, sm, qbase, warp, idx, row0, q0, h0):
-        """Chunk ``idx`` (of ``WARP_QCHUNKS``) of warp ``warp``'s staged rows
-        at flat ``qbase`` into ``out``, whatever its row (unsigned indices, as
-        in :func:`load_query_chunk_at`)."""
+    def store_chunk(out, sm, qbase, warp, idx, nq, row0, q0, h0):
+        """The second half of :func:`store_staged` where its rows are not
+        regular, and the deferred stores: chunk ``idx`` (of ``WARP_QCHUNKS``)
+        of warp ``warp``'s staged rows at flat ``qbase`` into ``out``, if its
+        row is one of the ``nq`` tokens (unsigned indices, as in
+        :func:`load_query_chunk_at`)."""
         idx = uint32(idx)
         warp = uint32(warp)
         qbase = uint32(qbase)
         i = idx // NCH
         ch = idx % NCH
         rr = 16 * warp + i
-        copy16(sm, qbase + 16 * warp * D + i * D + (ch ^ (i & SWZ)) * 8, out,
-               ((row0 + q0 + rr // HPB) * out.shape[1] + h0 + rr % HPB) * D + ch * 8)
-
-    @device_function
-    def store_chunk(out, sm, qbase, warp, idx, nq, row0, q0, h0):
-        """The second half of :func:`store_staged`, one 16-byte chunk:
-        :func:`copy_chunk` if its row is one of the ``nq`` tokens."""
-        if (16 * uint32(warp) + uint32(idx) // NCH) // HPB < nq:
-            copy_chunk(out, sm, qbase, warp, idx, row0, q0, h0)
+        if rr // HPB < nq:
+            copy16(sm, qbase + 16 * warp * D + i * D + (ch ^ (i & SWZ)) * 8, out,
+                   ((row0 + q0 + rr // HPB) * out.shape[1] + h0 + rr % HPB) * D + ch * 8)
 
     # the lanes store ROW_STEP whole staged rows a step; where that is a power
     # of two (``NCH`` divides 32), a lane's later rows are its first plus
@@ -203,8 +199,8 @@ def query_parts(P):
     # the head ``ROW_STEP u % HPB`` on (a step stays within the warp's 16 rows
     # and never carries into the next token), and the chunk's swizzle XORed
     # with ``ROW_STEP u & SWZ`` (the first row's bits lie below ROW_STEP's)
-    ROW_STEP = 32 // NCH if 32 % NCH == 0 else 0
-    REGULAR = ROW_STEP > 0 and ROW_STEP & (ROW_STEP - 1) == 0 and WARP_QCHUNKS % 32 == 0
+    REGULAR = 32 % NCH == 0
+    ROW_STEP = 32 // NCH if REGULAR else 0
 
     @cuda_function
     def store_staged(out, lse, o, m, l_, sc, warp, lane, nq, row0, q0, h0, sm, qbase):
@@ -251,4 +247,4 @@ def query_parts(P):
         load_query_chunk_at=load_query_chunk_at, load_query_chunk=load_query_chunk,
         load_queries=load_queries, load_warpgroup_queries=load_warpgroup_queries,
         load_warp_queries=load_warp_queries, store_staged=store_staged, stage_rows=stage_rows,
-        store_chunk=store_chunk, copy_chunk=copy_chunk)
+        store_chunk=store_chunk)
