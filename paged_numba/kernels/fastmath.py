@@ -19,7 +19,8 @@ as its constant term (relative error under ``1.7e-7``, about the 2 ulp of
 instructions. -inf and everything at or below -127 give exactly +0 (``2 **
 0`` is 1 exactly, whose exponent then becomes 0); results below ``2 ** -126``
 are subnormal and within ``2 ** -126`` of the true value, where
-``exp2_approx`` flushes them. The stand-in evaluates the same steps in
+``exp2_approx`` flushes them. The stand-in (``exp2_fma_steps``, which the
+host can call in both modes) evaluates the same steps in
 float32, each fused multiply-add as a float64 product and sum rounded once
 (which can differ from a true fma in the last place).
 """
@@ -32,6 +33,21 @@ ROUNDER = np.float32(1.5 * 2.0 ** 23)   # x + ROUNDER rounds x to an integer in 
 EXP2_POLY = tuple(np.array([0x3F317215, 0x3E75FCDE, 0x3D635BA9, 0x3C1E7544, 0x3AADDD0A],
                            np.uint32).view(np.float32).tolist())
 
+
+def exp2_fma_steps(x):
+    """``exp2_fma``'s steps on the host, in NumPy float32 (the simulator's
+    ``exp2_fma``; on a GPU what its instructions are checked against)."""
+    x = np.float32(x)
+    xc = x if np.isnan(x) else max(x, np.float32(-127.0))
+    t = np.float32(xc + ROUNDER)
+    f = np.float32(xc - np.float32(t - ROUNDER))
+    p = np.float32(EXP2_POLY[4])
+    for c in EXP2_POLY[3::-1] + (1.0,):
+        p = np.float32(float(p) * float(f) + c)
+    bits = (int(p.view(np.uint32)) + (int(t.view(np.uint32)) << 23)) & 0xFFFFFFFF
+    return np.uint32(bits).view(np.float32)
+
+
 if config.ENABLE_CUDASIM:
 
     def exp2_approx(x):
@@ -41,16 +57,7 @@ if config.ENABLE_CUDASIM:
         y = np.float32(np.exp2(x))
         return np.float32(0.0) if y < TINY else y
 
-    def exp2_fma(x):
-        x = np.float32(x)
-        xc = x if np.isnan(x) else max(x, np.float32(-127.0))
-        t = np.float32(xc + ROUNDER)
-        f = np.float32(xc - np.float32(t - ROUNDER))
-        p = np.float32(EXP2_POLY[4])
-        for c in EXP2_POLY[3::-1] + (1.0,):
-            p = np.float32(float(p) * float(f) + c)
-        bits = (int(p.view(np.uint32)) + (int(t.view(np.uint32)) << 23)) & 0xFFFFFFFF
-        return np.uint32(bits).view(np.float32)
+    exp2_fma = exp2_fma_steps
 
 else:
     from llvmlite import ir
