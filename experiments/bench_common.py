@@ -79,8 +79,8 @@ def gpu_state():
         return {"sm_mhz": "", "power_w": ""}
 
 
-def flushed_time(call, reps, warmup=3):
-    """Median microseconds of ``call()`` over ``reps`` calls, each timed with CUDA
+def flushed_samples(call, reps, warmup=3):
+    """Microseconds of each of ``reps`` calls of ``call()``, each timed with CUDA
     events after a 256 MB write that evicts the L2 (outside the events). The
     calls are queued back to back, then synchronised once."""
     import torch
@@ -97,7 +97,37 @@ def flushed_time(call, reps, warmup=3):
         call()
         b.record()
     torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) * 1e3 for a, b in events)
+    return [a.elapsed_time(b) * 1e3 for a, b in events]
+
+
+def flushed_time(call, reps, warmup=3):
+    """Median microseconds of :func:`flushed_samples`."""
+    return statistics.median(flushed_samples(call, reps, warmup))
+
+
+def alternation(n, rounds):
+    """The order of ``n`` calls in each of ``rounds`` rounds: forwards, then
+    backwards, and so on.
+
+    >>> alternation(2, 4)
+    [[0, 1], [1, 0], [0, 1], [1, 0]]
+    """
+    return [list(range(n))[::1 if r % 2 == 0 else -1] for r in range(rounds)]
+
+
+def alternating_times(calls, reps, rounds=4):
+    """Median microseconds of each of ``calls``, timed as :func:`flushed_time`
+    does but in ``rounds`` rounds of about ``reps / rounds`` calls each, in the
+    order :func:`alternation` gives: a card that warms and clocks down during
+    the run weighs on every call alike, where timing one after the other
+    charges it to the later one (on an H100, 2 x 8192 causal prefill clocks
+    from 1,980 to about 1,750 MHz within a few timed loops)."""
+    samples = [[] for _ in calls]
+    per = max(1, -(-reps // rounds))
+    for r, order in enumerate(alternation(len(calls), rounds)):
+        for i in order:
+            samples[i] += flushed_samples(calls[i], per, warmup=3 if r == 0 else 1)
+    return [statistics.median(s) for s in samples]
 
 
 def copy_gbps(nbytes=2**31, reps=20):

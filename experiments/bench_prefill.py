@@ -50,8 +50,10 @@ Implementations (``--impls``; each row of the CSV is one implementation on one c
   ``FLASHINFER_WORKSPACE_BASE`` (``$HOME`` by default);
 * ``paged_numba_noguard`` (with ``--guard-cost`` and ``paged_numba``): the same
   plan on the same data with its tensor-core kernel built with ``guard=False``
-  (``impl_detail`` says so), timed right after ``paged_numba``; its output is
-  compared bit for bit with ``paged_numba``'s. The ``paged_numba`` row's
+  (``impl_detail`` says so); the two are timed in alternating rounds (four
+  rounds of ``--reps / 4`` calls, the order reversed each round, so that the
+  card's clock, which falls as it warms, weighs on both alike), and the
+  outputs compared bit for bit. The ``paged_numba`` row's
   ``ratio_to_noguard`` minus 1 is the device guard's cost, printed in percent
   after each case. A plan on the CUDA-core kernel gets no such row (a printed
   note says why).
@@ -76,7 +78,7 @@ import traceback
 
 import numpy as np
 
-from bench_common import (flushed_time, gpu_state, guard_cost, import_flashinfer, new_run_id,
+from bench_common import (alternating_times, alternation, flushed_time, gpu_state, guard_cost, import_flashinfer, new_run_id,
                           print_table, ratio, write_rows)
 from prefill_problem import Problem, cu_seqlens, flashinfer_caller, numba_caller, sdpa_caller
 
@@ -221,6 +223,7 @@ def selftest():
     assert timed_impls(["torch_sdpa"], True) == timed_impls(["torch_sdpa"]) == ["torch_sdpa"]
     assert timed_impls(IMPLS) == IMPLS and PEERS["ratio_to_noguard"] == "paged_numba_noguard"
     assert all(col in FIELDS for col in PEERS)
+    assert alternation(2, 4) == [[0, 1], [1, 0], [0, 1], [1, 0]]
     print("selftest ok:", {c: f"{f / 1e9:.1f} GFLOP" for c, f in fl.items()})
 
 
@@ -266,6 +269,15 @@ def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
     ref = None
     if "torch_sdpa" in got and (args.check or peers):
         ref = got["torch_sdpa"][1]().float()
+    paired = {}
+    pair = ("paged_numba", "paged_numba_noguard")
+    if all(i in got for i in pair):
+        try:
+            times = alternating_times([got[i][0] for i in pair], args.reps)
+            state = gpu_state()
+            paired = {i: (us, state) for i, us in zip(pair, times)}
+        except Exception:  # noqa: BLE001 - time them one after the other below
+            traceback.print_exc()
     rows = []
     for impl in [i for i in impls if i in got]:
         run, output, detail, extra = got[impl]
@@ -279,8 +291,11 @@ def bench_case(case, spec, args, impls=IMPLS, tiling=None, fi=None):
             except Exception:  # noqa: BLE001 - still time it
                 traceback.print_exc()
         try:
-            us = flushed_time(run, args.reps)
-            state = gpu_state()         # the clock and power the loop ended at
+            if impl in paired:
+                us, state = paired[impl]
+            else:
+                us = flushed_time(run, args.reps)
+                state = gpu_state()     # the clock and power the loop ended at
         except Exception:  # noqa: BLE001 - keep the other implementations' rows
             traceback.print_exc()
             continue
