@@ -78,8 +78,8 @@ import traceback
 
 import numpy as np
 
-from bench_common import (alternating_times, alternation, flushed_time, gpu_state, guard_cost, import_flashinfer, new_run_id,
-                          print_table, ratio, write_rows)
+from bench_common import (alternating_times, alternation, flushed_time, gpu_state, guard_cost,
+                          import_flashinfer, new_run_id, print_table, ratio, write_rows)
 from prefill_problem import Problem, cu_seqlens, flashinfer_caller, numba_caller, sdpa_caller
 
 FIELDS = ["run_id", "gpu", "impl", "impl_detail", "case", "dtype", "kv_dtype", "head_size",

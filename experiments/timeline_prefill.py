@@ -20,7 +20,8 @@ table lookups and copies issued: it waits there for a free ring stage),
 item's key tiles.
 Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
 ``--prefetch-queries``, ``--deferred-stores``, ``--prefetch-ranges`` and
-``--fma-exp2 K`` add those kernel options, timed and stamped).
+``--fma-exp2 K``, ``--lazy-rescale`` and ``--lane-vote`` add those kernel options, timed
+and stamped).
 """
 import argparse
 import statistics
@@ -94,7 +95,9 @@ def run_case(case, args):
     plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal)
     extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
                                          ("prefetch_ranges", args.prefetch_ranges),
-                                         ("deferred_stores", args.deferred_stores)) if on}
+                                         ("deferred_stores", args.deferred_stores),
+                                         ("lazy_rescale", args.lazy_rescale or args.lane_vote),
+                                         ("lane_vote", args.lane_vote)) if on}
     if args.fma_exp2:
         extra["fma_exp2"] = args.fma_exp2
     if extra:
@@ -150,6 +153,11 @@ def main():
     ap.add_argument("--fma-exp2", type=int, default=0, metavar="K",
                     help="the default with kernel_options['fma_exp2'] = K: every K-th "
                          "n-tile's exponentials on the FMA pipe (4: a quarter)")
+    ap.add_argument("--lazy-rescale", action="store_true",
+                    help="the default with kernel_options['lazy_rescale'] = True")
+    ap.add_argument("--lane-vote", action="store_true",
+                    help="the default with kernel_options['lane_vote'] = True (and "
+                         "lazy_rescale)")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)

@@ -62,7 +62,8 @@ class PrefillPlan:
         ``m_tiles``, ``wgmma``, ``producer``, ``swizzle``, ``stages``,
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
         ``deferred_stores``, ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
-        ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``, ``fma_exp2``), for
+        ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``, ``fma_exp2``,
+        ``lane_vote``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -87,6 +88,9 @@ class PrefillPlan:
         ``producer`` and ``fast_exp2``) computes a quarter of the softmax's
         exponentials on the FMA pipe instead of the special-function unit
         (``fma_exp2=k``, k = 1, 2, 4 or 8: those of every k-th 8-key n-tile);
+        ``lane_vote=True`` (with ``producer`` and ``lazy_rescale``) lets a warp
+        whose lanes' own row maxima all stay within the lazy slack take the
+        weights without exchanging the maxima in each quad (the same results);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

@@ -181,17 +181,11 @@ def test_tc_prefill_swizzled(p, causal, tiling):
     check_prefill(p, causal, tiling)
 
 
-@pytest.mark.parametrize("tiling", [
-    dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True, swizzle=True,
-                                     lazy_rescale=True)),
-    dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True, lazy_rescale=True))],
-    ids=["producer", "wgmma"])
-def test_tc_prefill_lazy_rescale(tiling):
-    """``lazy_rescale=True`` within the tensor-core bound, on keys whose size
-    grows along the sequence: the first 16 at 1, the next 32 at 3 (a row's
-    maximum grows by less than the slack: kept, weights above 1), the next 16
-    at 12 (it grows by far more: moved, O and the row sum rescaled)."""
-    p = WS_LONG
+def run_grown(p, causal, tiling, **extra):
+    """The problem's prefill on keys whose size grows along its first sequence:
+    the first 16 at 1, the next 32 at 3 (a row's maximum grows by less than
+    the lazy slack), the next 16 at 12 (by far more), the rest at 1.
+    ``((q, k, v), out, lse, cache)``."""
     q, k, v = p.arrays()
     grow = np.ones(p.seq_lens[0], np.float32)
     grow[16:48], grow[48:64] = 3.0, 12.0
@@ -202,9 +196,53 @@ def test_tc_prefill_lazy_rescale(tiling):
     kc, vc = p.layout_pools(k, v)
     cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
     out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
-                                causal=True, return_lse=True, **tiling)
+                                causal=causal, return_lse=True, **extra, **tiling)
+    return (q, k, v), out, lse, cache
+
+
+@pytest.mark.parametrize("tiling", [
+    dict(WS_TWO, kernel_options=dict(WS["kernel_options"], pingpong=True, swizzle=True,
+                                     lazy_rescale=True)),
+    dict(WG_ONE, kernel_options=dict(wgmma=True, swizzle=True, lazy_rescale=True))],
+    ids=["producer", "wgmma"])
+def test_tc_prefill_lazy_rescale(tiling):
+    """``lazy_rescale=True`` within the tensor-core bound, on keys whose size
+    grows along the sequence (:func:`run_grown`): where a row's maximum grows
+    by less than the slack it is kept (weights above 1), where it grows by
+    far more it moves (O and the row sum rescaled)."""
+    p = WS_LONG
+    (q, k, v), out, lse, cache = run_grown(p, True, tiling)
     check_attention(q, out, lse, *prefill_reference(p, q, k, v, causal=True,
                                                     tensor_cores=rounding(cache, tiling)))
+
+
+@pytest.mark.parametrize("p, causal, tiling, extra", [
+    (WS_LONG, True, WS_ONE, {}),
+    (LONG_F16, True, dict(WS_ONE, num_parts=2),
+     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
+    (WS_HEADS, False, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=3, stages=3)),
+     dict(sliding_window=23))],
+    ids=["causal", "variants-split-k", "persistent-noncausal-window"])
+def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra):
+    """``lane_vote`` (a warp whose lanes' own maxima stay within the lazy slack
+    skips the quad's exchange of maxima) gives the lean, lazily rescaled
+    producer kernel's outputs and log-sum-exps bit for bit, on keys that grow
+    past the slack and under it (:func:`run_grown`), with windows whose
+    first tiles leave rows without a maximum."""
+    opts = dict(tiling.get("kernel_options", WS["kernel_options"]), lean_loop=True,
+                lazy_rescale=True)
+    base = run_grown(p, causal, dict(tiling, kernel_options=opts), **extra)
+    vote = run_grown(p, causal, dict(tiling, kernel_options=dict(opts, lane_vote=True)),
+                     **extra)
+    for a, b in zip(base[1:3], vote[1:3]):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert np.isfinite(np.asarray(base[1], np.float32)).all()
+    q, k, v = base[0]
+    check_attention(q, base[1], base[2], *prefill_reference(
+        p, q, k, v, causal=causal, tensor_cores=rounding(base[3], tiling), **extra))
+
 @pytest.mark.skipif(not SIM, reason="calls a device function from the host (simulator)")
 def test_tc_prefill_mask_limits():
     """The lean key loop's tile test (two compares against ``mask_limits``,
@@ -305,6 +343,16 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="fma_exp2=True, .* without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, fast_exp2=True,
                                                                        fma_exp2=True)))
+    with pytest.raises(ValueError, match="lane_vote=True needs lazy_rescale=True, but got "
+                                         "lazy_rescale=False"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], lane_vote=True)))
+    with pytest.raises(ValueError, match="lane_vote, .* lane_vote=True, .* without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(
+            wgmma=True, lazy_rescale=True, lane_vote=True)))
+    with pytest.raises(ValueError, match="lane_vote=True, .* need wgmma=True"):
+        check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
+                                           kernel_options=dict(lane_vote=True)))
     with pytest.raises(ValueError, match="persistent=True needs pingpong=True"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], persistent=True)))

@@ -69,7 +69,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
                       producer_registers=None, split_halves=False, mbarriers=False,
                       tensor_maps=False, lean_loop=False, split_rings=False, pdl=False,
-                      deferred_stores=False, fma_exp2=False):
+                      deferred_stores=False, fma_exp2=False, lane_vote=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -121,7 +121,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     takes table ids and lengths as they are, only to time the device guard
     (:mod:`kernels.guard`). ``lazy_rescale=True`` (with ``wgmma``) moves a
     row's running maximum only when a tile's exceeds it by more than
-    ``kernels.prefill_tc_parts.RESCALE_SLACK`` (8, base 2), so O is rarely
+    ``kernels.prefill_softmax.RESCALE_SLACK`` (8, base 2), so O is rarely
     rescaled after the first tiles; the weights then reach ``2**8`` instead
     of 1, which changes their rounding only relatively (no bound changes).
     ``prefetch_queries=True`` (with ``persistent``) copies a block's next
@@ -132,7 +132,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     ``fma_exp2=True`` (with ``producer`` and ``fast_exp2``) computes a quarter
     of the softmax's exponentials on the FMA pipe
     (:func:`kernels.fastmath.exp2_fma`); ``fma_exp2=k`` (1, 2, 4 or 8) those
-    of every k-th n-tile.
+    of every k-th n-tile; ``lane_vote=True`` (with ``producer`` and
+    ``lazy_rescale``) lets a warp whose lanes' own row maxima stay within the
+    lazy slack skip the exchange of maxima within each quad (the same results).
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's
@@ -188,12 +190,13 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            tensor_maps=tensor_maps, lean_loop=lean_loop,
                                            q_in_regs=bool(q_in_regs), split_rings=split_rings,
                                            pdl=pdl, deferred_stores=deferred_stores,
-                                           fma_exp2=fma_exp2)
+                                           fma_exp2=fma_exp2, lane_vote=lane_vote)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
-                or mbarriers or lean_loop or split_rings or deferred_stores or fma_exp2):
+                or mbarriers or lean_loop or split_rings or deferred_stores or fma_exp2
+                or lane_vote):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"deferred_stores, fma_exp2, "
+                             f"deferred_stores, fma_exp2, lane_vote, "
                              f"prefetch_ranges, lean_loop, split_rings, producer_registers, "
                              f"split_halves and mbarriers "
                              f"apply to the producer kernel, but got stages={stages}, "
@@ -201,6 +204,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                              f"persistent={persistent}, timeline={timeline}, "
                              f"prefetch_queries={prefetch_queries}, "
                              f"deferred_stores={deferred_stores}, fma_exp2={fma_exp2}, "
+                             f"lane_vote={lane_vote}, "
                              f"prefetch_ranges={prefetch_ranges}, lean_loop={lean_loop}, "
                              f"split_rings={split_rings}, "
                              f"producer_registers={producer_registers}, "
@@ -213,10 +217,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
             or timeline or prefetch_queries or prefetch_ranges or producer_registers is not None
             or split_halves or mbarriers or lean_loop or split_rings or deferred_stores
-            or fma_exp2):
+            or fma_exp2 or lane_vote):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
-                         "deferred_stores=True, fma_exp2=True, "
+                         "deferred_stores=True, fma_exp2=True, lane_vote=True, "
                          "prefetch_ranges=True, lean_loop=True, split_rings=True, "
                          "producer_registers, split_halves and mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,

@@ -1,10 +1,11 @@
 """The parts of the tensor-core prefill tile that do not depend on how the
 products are computed: its constants, the shared-memory layout of the query
-and K/V tiles, the paged gathers into it, the tile's key range, the logits'
-variants and mask, the online softmax on accumulator fragments and the
-epilogue (the query copies and the output stores are in
-:mod:`.prefill_tc_io`). ``kernels.prefill_tc`` (``mma.sync``) and ``kernels.prefill_wgmma``
-(warpgroup products) build their kernels from them.
+and K/V tiles, the paged gathers into it, the tile's key range, and the
+namespaces of its other parts: the query copies and the output stores
+(:mod:`.prefill_tc_io`), the logits' variants and mask
+(:mod:`.prefill_logits`) and the online softmax on accumulator fragments
+(:mod:`.prefill_softmax`). ``kernels.prefill_tc`` (``mma.sync``) and
+``kernels.prefill_wgmma`` (warpgroup products) build their kernels from them.
 
 :func:`tile_parts` returns a namespace of compile-time constants and device
 functions, specialised on the same arguments as the kernels. The fragment
@@ -23,27 +24,22 @@ from .access import device_function, row_strides, vector_offsets, wide
 from .async_copy import commit_group, copy16_async, wait_group
 from .convert import codec
 from .decode import LOG2E, STORAGE, lane_reducer
-from .fastmath import exp2_approx, exp2_fma
+from .fastmath import exp2_approx
 from .guard import (checked_block, checked_unchecked, clamped_length, clamped_unchecked,
                     record_block, record_nothing)
 from .mma import pack_pair
 from .prefill_logits import logit_parts
+from .prefill_softmax import softmax_parts
 from .prefill_tc_io import NEG_INF, cuda_function, query_parts
 from .prefill_tc_tiling import MAX_SHARED_BYTES, STAGES as DEFAULT_STAGES
-
-FULL_MASK = 0xFFFFFFFF
-
-# lazy_rescale: a row's running maximum (in the exponent's base-2 units) moves
-# only when the tile's maximum exceeds it by more than this, so the weights stay
-# below 2**RESCALE_SLACK (256: exact in fp16 and bf16, far from their overflow)
-RESCALE_SLACK = 8.0
+from .warp_reduce import FULL_MASK
 
 
 @functools.cache
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
                token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
-               guard=True, lazy_rescale=False, lean=False, fma_exp2=False):
+               guard=True, lazy_rescale=False, lean=False, fma_exp2=False, lane_vote=False):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -69,7 +65,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     True means 4): the weights of every k-th n-tile (``i % k == k - 1``) by
     :func:`kernels.fastmath.exp2_fma` on the FMA pipe, the rest by ``exp2``,
     to take load off the special-function unit (the same bound: both are
-    within 2 ulp).
+    within 2 ulp). ``lane_vote`` (with ``lazy_rescale``): a warp whose lanes'
+    own maxima all stay within the slack of their rows' kept maxima takes the
+    weights without exchanging the maxima within each quad
+    (:func:`tile_weights_rows`; the same results).
     """
     LEAN = bool(lean)
     D = head_size
@@ -130,6 +129,12 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     # fma_exp2: every FMA_EVERY-th n-tile's weights on the FMA pipe (True: a quarter)
     FMA_EVERY = 4 if fma_exp2 is True else int(fma_exp2 or 0)
     LAZY = bool(lazy_rescale)
+    # lane_vote (with lazy_rescale): a warp whose lanes' own maxima are all
+    # within the slack of their rows' kept maxima skips the quad's exchange
+    VOTE = bool(lane_vote)
+    if VOTE and not LAZY:
+        raise ValueError(f"lane_vote=True needs lazy_rescale=True, but got "
+                         f"lazy_rescale={lazy_rescale!r}")
     checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
                                    (checked_unchecked, record_nothing, clamped_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]
@@ -315,79 +320,6 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
         commit_group()
         record_(tables[0], tables[1], seq, bad)     # after the copies: see checked_block
 
-    @device_function
-    def exponent_scale(fold, qscale, soft_cap, alibi):
-        """``(plain, sc)``: with ``fold`` and no soft cap or ALiBi (and a positive
-        scale) the logits stay unscaled, the maxima too, and ``sc = qscale``
-        scales them in the exponent's FFMA; else they are scaled first and
-        ``sc`` is 1."""
-        plain = fold and soft_cap <= 0.0 and not alibi and qscale > 0.0
-        return plain, (qscale if plain else float32(1.0))
-
-    @device_function
-    def row_max(s, m, t, h):
-        """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
-        logits (over the quad of lanes that share the row); the lane's pairs
-        go round-robin into two independent maxima (half the dependent steps).
-        ``LEAN``: they start from the first two pairs, not from -inf (a seed
-        costs an instruction each and changes no result: ``max.f32`` passes
-        over NaN and the running maximum, never NaN, takes part last)."""
-        if LEAN:
-            a = max(s[t, 0, 2 * h], s[t, 0, 2 * h + 1])
-            b = max(s[t, 1, 2 * h], s[t, 1, 2 * h + 1])
-            first = 2
-        else:
-            a = NEG_INF
-            b = NEG_INF
-            first = 0
-        for i in range(first, NTILE_S, 2):
-            a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
-            b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
-        return max(m[t, h], quad_max(max(a, b)))
-
-    @device_function
-    def exp_weights(s, l_, sc, use, t, h):
-        """Logits -> weights ``exp2(x sc - use sc)`` in place, one FFMA and one
-        exp2 each, summed (two partial sums) into the lane's share of the row sum.
-        ``LEAN``: the sums start from the first two pairs, not from 0 (a weight
-        is +0 or more, or NaN, so ``0 + x`` is ``x``)."""
-        sub = -use * sc
-        a = float32(0.0)                  # two independent partial sums
-        b = float32(0.0)
-        for i in range(NTILE_S):
-            if FMA_EVERY and i % FMA_EVERY == FMA_EVERY - 1:     # on the FMA pipe
-                s[t, i, 2 * h] = exp2_fma(s[t, i, 2 * h] * sc + sub)
-                s[t, i, 2 * h + 1] = exp2_fma(s[t, i, 2 * h + 1] * sc + sub)
-            else:
-                s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
-                s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
-            if LEAN and i == 0:
-                a = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
-            elif LEAN and i == 1:
-                b = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
-            elif i % 2 == 0:
-                a += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
-            else:
-                b += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
-        l_[t, h] += a + b
-
-    @cuda_function
-    def softmax_half(s, o, m, l_, sc, t, h):
-        """Online softmax of row half ``h`` of m-tile ``t`` (this lane's row ``16 t
-        + r + 8 h`` of the warp, logits ``s[t, :, 2 h:2 h + 2]``): the row maximum
-        over the quad, the rescale of O and the row sum where it grew (a warp
-        vote), then one FFMA and one exp2 a weight, summed into the lane's share."""
-        new = row_max(s, m, t, h)
-        use = new if new != NEG_INF else float32(0.0)
-        if cuda.any_sync(FULL_MASK, new > m[t, h]):
-            alpha = exp2((m[t, h] - use) * sc)
-            l_[t, h] *= alpha
-            for i in range(NTILE_O):
-                o[t, i, 2 * h] *= alpha
-                o[t, i, 2 * h + 1] *= alpha
-        m[t, h] = new
-        exp_weights(s, l_, sc, use, t, h)
-
     @cuda_function
     def tile_range(tile, cu_seqlens_q, seq_lens, tile_seq, tile_q0, causal, window, tables):
         """The tile's sequence and keys: ``(seq, row0, q0, nq, pos0, kv_lo, kv_hi,
@@ -435,38 +367,6 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                 l_[t, h] = 0.0
         return any_slope
 
-    @device_function
-    def weights_half(s, m, l_, alpha, sc, t, h):
-        """:func:`softmax_half` without touching O: the factor O must be scaled by
-        goes to ``alpha[t, h]`` (1 where the row's maximum did not move), for
-        :func:`rescale_half` once the product that writes O has landed. With
-        ``lazy_rescale`` the maximum moves only when the tile's exceeds it by
-        more than ``RESCALE_SLACK``: the weights, up to ``2**RESCALE_SLACK``,
-        and the row sum are relative to the kept maximum, as O is, so most
-        tiles after the first leave ``alpha`` at 1 and O unscaled (the warp
-        vote in :func:`rescale_half` skips the multiplies)."""
-        new = row_max(s, m, t, h)
-        old = m[t, h]
-        alpha[t, h] = float32(1.0)
-        if new > old:
-            # a first maximum (old = -inf) always moves: (new - old) sc = inf
-            if not LAZY or (new - old) * sc > float32(RESCALE_SLACK):
-                alpha[t, h] = exp2((old - new) * sc)
-                l_[t, h] *= alpha[t, h]
-                m[t, h] = new
-        else:
-            m[t, h] = new               # the same, or NaN (which the weights carry)
-        use = m[t, h] if m[t, h] != NEG_INF else float32(0.0)
-        exp_weights(s, l_, sc, use, t, h)
-
-    @cuda_function
-    def rescale_half(o, alpha, t, h):
-        """``O *= alpha`` for row half ``h`` of m-tile ``t``, where any row of the
-        warp grew (a warp vote)."""
-        if cuda.any_sync(FULL_MASK, alpha[t, h] != 1.0):
-            for i in range(NTILE_O):
-                o[t, i, 2 * h] *= alpha[t, h]
-                o[t, i, 2 * h + 1] *= alpha[t, h]
-
     parts = SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
-    return SimpleNamespace(**vars(parts), **vars(query_parts(parts)), **vars(logit_parts(parts)))
+    return SimpleNamespace(**vars(parts), **vars(query_parts(parts)), **vars(logit_parts(parts)),
+                           **vars(softmax_parts(parts)))

@@ -75,7 +75,7 @@ def product_parts(P, q_regs=False, split_rings=False):
     one of the V ring (:mod:`kernels.prefill_split_ring`), not a stage of
     the joint ring."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
-    pack, logits, weights_half, dtype = P.pack, P.logits, P.weights_half, P.dtype
+    pack, logits, tile_weights_rows, dtype = P.pack, P.logits, P.tile_weights_rows, P.dtype
     logits_masked = P.logits_masked
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
@@ -183,8 +183,7 @@ def product_parts(P, q_regs=False, split_rings=False):
         untouched); ``plain``: the scale is left to the exponent's FFMA (``sc``)."""
         logits(s, pos, slope, kt, c, pos0, nq, kv_hi, causal, window, qscale, soft_cap, cap2,
                alibi, plain)
-        weights_half(s, m, l_, alpha, sc, 0, 0)
-        weights_half(s, m, l_, alpha, sc, 0, 1)
+        tile_weights_rows(s, m, l_, alpha, sc, 0)
 
     @device_function
     def tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window, qscale,
@@ -193,8 +192,7 @@ def product_parts(P, q_regs=False, split_rings=False):
         (``masked``, from ``mask_limits``: lean key loops)."""
         logits_masked(s, pos, slope, kt, c, kv_hi, causal, window, qscale, soft_cap, cap2,
                       alibi, plain, masked)
-        weights_half(s, m, l_, alpha, sc, 0, 0)
-        weights_half(s, m, l_, alpha, sc, 0, 1)
+        tile_weights_rows(s, m, l_, alpha, sc, 0)
 
     @device_function
     def pack_p(pa, s):

@@ -95,7 +95,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             split_halves=False, mbarriers=False, tensor_maps=False,
                             merge_parts=False, lean_loop=False, q_in_regs=False,
                             split_rings=False, pdl=False, alternate_tiles=False,
-                            deferred_stores=False, fma_exp2=False):
+                            deferred_stores=False, fma_exp2=False,
+                            lane_vote=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -122,7 +123,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``split_halves``, ``mbarriers``, ``tensor_maps``, ``merge_parts``,
     ``lean_loop``, ``q_in_regs``, ``split_rings``, ``pdl``,
     ``alternate_tiles``) are described in :mod:`kernels.prefill_ws_options`,
-    which checks their combinations; ``fma_exp2`` (with ``fast_exp2``) as for
+    which checks their combinations; ``fma_exp2`` (with ``fast_exp2``) and
+    ``lane_vote`` (with ``lazy_rescale``) as for
     :func:`kernels.prefill_tc_parts.tile_parts`."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
@@ -141,7 +143,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                    4 if ALT else num_warps, 1, split_k, layout_kind, fast_exp2, False, False,
                    STAGES,
                    copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard,
-                   lazy_rescale=lazy_rescale, lean=lean_loop, fma_exp2=fma_exp2)
+                   lazy_rescale=lazy_rescale, lean=lean_loop, fma_exp2=fma_exp2,
+                   lane_vote=lane_vote)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "

@@ -1,0 +1,183 @@
+"""The online softmax of the tensor-core prefill tile: row maxima, weights,
+row sums and the rescale of O, on a tile's logits in registers; the part of
+:func:`kernels.prefill_tc_parts.tile_parts` between the logits
+(:mod:`.prefill_logits`) and ``P V``.
+
+:func:`softmax_parts` takes the namespace of one tile specialisation (its
+constants ``NTILE_S``, ``NTILE_O``, ``LEAN``, ``LAZY``, ``VOTE`` and
+``FMA_EVERY``, its ``exp2`` and ``quad_max``) and returns the device
+functions; the fragment conventions are those of :mod:`.prefill_tc_parts`
+(lane ``(r, c)`` holds, in n-tile ``i``, keys ``kt + 8 i + 2 c`` and ``+ 1``
+of rows ``r`` and ``r + 8``: row half ``h`` is row ``r + 8 h``).
+"""
+from types import SimpleNamespace
+
+from numba import cuda, float32
+
+from .access import device_function
+from .fastmath import exp2_fma
+from .prefill_tc_io import NEG_INF, cuda_function
+from .warp_reduce import FULL_MASK
+
+# lazy_rescale: a row's running maximum (in the exponent's base-2 units) moves
+# only when the tile's maximum exceeds it by more than this, so the weights stay
+# below 2**RESCALE_SLACK (256: exact in fp16 and bf16, far from their overflow)
+RESCALE_SLACK = 8.0
+
+
+def softmax_parts(P):
+    """Device functions of the online softmax for the tile of namespace ``P``."""
+    NTILE_S, NTILE_O, LEAN, LAZY, VOTE, FMA_EVERY = (P.NTILE_S, P.NTILE_O, P.LEAN, P.LAZY,
+                                                     P.VOTE, P.FMA_EVERY)
+    exp2, quad_max = P.exp2, P.quad_max
+
+    @device_function
+    def exponent_scale(fold, qscale, soft_cap, alibi):
+        """``(plain, sc)``: with ``fold`` and no soft cap or ALiBi (and a positive
+        scale) the logits stay unscaled, the maxima too, and ``sc = qscale``
+        scales them in the exponent's FFMA; else they are scaled first and
+        ``sc`` is 1."""
+        plain = fold and soft_cap <= 0.0 and not alibi and qscale > 0.0
+        return plain, (qscale if plain else float32(1.0))
+
+    @device_function
+    def row_max(s, m, t, h):
+        """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
+        logits (over the quad of lanes that share the row); the lane's pairs
+        go round-robin into two independent maxima (half the dependent steps).
+        ``LEAN``: they start from the first two pairs, not from -inf (a seed
+        costs an instruction each and changes no result: ``max.f32`` passes
+        over NaN and the running maximum, never NaN, takes part last)."""
+        if LEAN:
+            a = max(s[t, 0, 2 * h], s[t, 0, 2 * h + 1])
+            b = max(s[t, 1, 2 * h], s[t, 1, 2 * h + 1])
+            first = 2
+        else:
+            a = NEG_INF
+            b = NEG_INF
+            first = 0
+        for i in range(first, NTILE_S, 2):
+            a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+            b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
+        return max(m[t, h], quad_max(max(a, b)))
+
+    @device_function
+    def exp_weights(s, l_, sc, use, t, h):
+        """Logits -> weights ``exp2(x sc - use sc)`` in place, one FFMA and one
+        exp2 each, summed (two partial sums) into the lane's share of the row sum.
+        ``LEAN``: the sums start from the first two pairs, not from 0 (a weight
+        is +0 or more, or NaN, so ``0 + x`` is ``x``)."""
+        sub = -use * sc
+        a = float32(0.0)                  # two independent partial sums
+        b = float32(0.0)
+        for i in range(NTILE_S):
+            if FMA_EVERY and i % FMA_EVERY == FMA_EVERY - 1:     # on the FMA pipe
+                s[t, i, 2 * h] = exp2_fma(s[t, i, 2 * h] * sc + sub)
+                s[t, i, 2 * h + 1] = exp2_fma(s[t, i, 2 * h + 1] * sc + sub)
+            else:
+                s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
+                s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+            if LEAN and i == 0:
+                a = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            elif LEAN and i == 1:
+                b = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            elif i % 2 == 0:
+                a += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+            else:
+                b += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+        l_[t, h] += a + b
+
+    @cuda_function
+    def softmax_half(s, o, m, l_, sc, t, h):
+        """Online softmax of row half ``h`` of m-tile ``t`` (this lane's row ``16 t
+        + r + 8 h`` of the warp, logits ``s[t, :, 2 h:2 h + 2]``): the row maximum
+        over the quad, the rescale of O and the row sum where it grew (a warp
+        vote), then one FFMA and one exp2 a weight, summed into the lane's share."""
+        new = row_max(s, m, t, h)
+        use = new if new != NEG_INF else float32(0.0)
+        if cuda.any_sync(FULL_MASK, new > m[t, h]):
+            alpha = exp2((m[t, h] - use) * sc)
+            l_[t, h] *= alpha
+            for i in range(NTILE_O):
+                o[t, i, 2 * h] *= alpha
+                o[t, i, 2 * h + 1] *= alpha
+        m[t, h] = new
+        exp_weights(s, l_, sc, use, t, h)
+
+    @device_function
+    def weights_half(s, m, l_, alpha, sc, t, h):
+        """:func:`softmax_half` without touching O: the factor O must be scaled by
+        goes to ``alpha[t, h]`` (1 where the row's maximum did not move), for
+        :func:`rescale_half` once the product that writes O has landed. With
+        ``lazy_rescale`` the maximum moves only when the tile's exceeds it by
+        more than ``RESCALE_SLACK``: the weights, up to ``2**RESCALE_SLACK``,
+        and the row sum are relative to the kept maximum, as O is, so most
+        tiles after the first leave ``alpha`` at 1 and O unscaled (the warp
+        vote in :func:`rescale_half` skips the multiplies)."""
+        new = row_max(s, m, t, h)
+        old = m[t, h]
+        alpha[t, h] = float32(1.0)
+        if new > old:
+            # a first maximum (old = -inf) always moves: (new - old) sc = inf
+            if not LAZY or (new - old) * sc > float32(RESCALE_SLACK):
+                alpha[t, h] = exp2((old - new) * sc)
+                l_[t, h] *= alpha[t, h]
+                m[t, h] = new
+        else:
+            m[t, h] = new               # the same, or NaN (which the weights carry)
+        use = m[t, h] if m[t, h] != NEG_INF else float32(0.0)
+        exp_weights(s, l_, sc, use, t, h)
+
+    @device_function
+    def lane_max(s, t, h):
+        """This lane's own largest logit of row half ``h`` of m-tile ``t`` (no
+        exchange within the quad), paired as :func:`row_max` pairs them."""
+        a = max(s[t, 0, 2 * h], s[t, 0, 2 * h + 1])
+        b = max(s[t, 1, 2 * h], s[t, 1, 2 * h + 1])
+        for i in range(2, NTILE_S, 2):
+            a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
+            b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
+        return max(a, b)
+
+    @device_function
+    def tile_weights_rows(s, m, l_, alpha, sc, t):
+        """:func:`weights_half` of both row halves of m-tile ``t``. With
+        ``lane_vote`` (and ``lazy_rescale``) a warp first votes on its lanes'
+        own maxima: where every lane's is within ``RESCALE_SLACK`` of its row's
+        kept maximum (a finite one), so is every row's maximum over the quad,
+        no row's maximum moves, and the weights are taken against the kept ones
+        at once, with no exchange of maxima between the quad's lanes (two
+        dependent shuffles a half) before the exponentials: the same values as
+        without the vote, bit for bit. A warp where any lane is beyond the
+        slack, or any row has no maximum yet, takes :func:`weights_half`."""
+        if VOTE:
+            m0 = m[t, 0]
+            m1 = m[t, 1]
+            # (a row without a maximum is far whatever its lanes hold; 0 stands
+            # in for its -inf, so that -inf - -inf makes no NaN)
+            far = (((lane_max(s, t, 0) - (m0 if m0 != NEG_INF else float32(0.0))) * sc
+                    > float32(RESCALE_SLACK))
+                   | ((lane_max(s, t, 1) - (m1 if m1 != NEG_INF else float32(0.0))) * sc
+                      > float32(RESCALE_SLACK))
+                   | (m0 == NEG_INF) | (m1 == NEG_INF))
+            if not cuda.any_sync(FULL_MASK, far):
+                alpha[t, 0] = float32(1.0)
+                alpha[t, 1] = float32(1.0)
+                exp_weights(s, l_, sc, m0, t, 0)
+                exp_weights(s, l_, sc, m1, t, 1)
+                return
+        weights_half(s, m, l_, alpha, sc, t, 0)
+        weights_half(s, m, l_, alpha, sc, t, 1)
+
+    @cuda_function
+    def rescale_half(o, alpha, t, h):
+        """``O *= alpha`` for row half ``h`` of m-tile ``t``, where any row of the
+        warp grew (a warp vote)."""
+        if cuda.any_sync(FULL_MASK, alpha[t, h] != 1.0):
+            for i in range(NTILE_O):
+                o[t, i, 2 * h] *= alpha[t, h]
+                o[t, i, 2 * h + 1] *= alpha[t, h]
+
+    taken = ("P", "NTILE_S", "NTILE_O", "LEAN", "LAZY", "VOTE", "FMA_EVERY", "exp2", "quad_max")
+    return SimpleNamespace(**{k: v for k, v in locals().items()
+                              if not k.startswith("__") and k not in taken + ("taken",)})
