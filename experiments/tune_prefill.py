@@ -43,8 +43,9 @@ Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
 Timing: CUDA events around each launch, a 256 MB write between launches to
 flush L2, the median of ``--reps``; SDPA (contiguous K/V, ``is_causal``) is
 timed in the same process the same way. ``--rounds N`` times every variant N
-times in turn and reports the median of the rounds (for differences of a
-few percent, such as the guard's: ``--variants default default-ng``).
+times in turn, the order reversed every other round, and reports the median
+of the rounds (for differences of a few percent, such as the guard's:
+``--variants default default-ng``).
 ``--jobs N`` compiles the variants in N processes first (each kernel lands
 in the disk cache), so that a run of several variants waits for one
 compile, not one after another.
@@ -59,7 +60,7 @@ import torch.nn.functional as F
 from numba import cuda
 
 import paged_numba as pn
-from bench_common import gpu_state, prefill_without_guard
+from bench_common import alternation, gpu_state, prefill_without_guard
 from paged_numba import _launch
 from variants import parse_variant
 
@@ -146,8 +147,9 @@ def variant_plan(name, cache, cu, lens, num_heads, causal=True):
 
 def run_case(case, args):
     """Time SDPA and every variant on ``case``: ``args.rounds`` rounds, each
-    variant once a round in turn (so that a drift of the clocks spreads over
-    all of them), the median of the rounds' medians."""
+    variant once a round in turn, the order reversed every other round (so
+    that a drift of the clocks spreads over all of them alike), the median of
+    the rounds' medians, and the SM clock each round's loop ended at."""
     batch, q_len, kv_len = CASES[case]
     lens = [kv_len] * batch
     H, Hk = args.heads
@@ -188,9 +190,10 @@ def run_case(case, args):
             print(f"{name:>24} failed: {exc!r}", flush=True)
     times = {name: [] for name in calls}
     mhz = {name: [] for name in calls}     # the SM clock each loop ended at
-    for _ in range(args.rounds):
-        for name, call in calls.items():
-            times[name].append(timed(call, args.reps, flush))
+    names = list(calls)
+    for order in alternation(len(names), args.rounds):     # forwards, backwards, ...
+        for name in (names[i] for i in order):
+            times[name].append(timed(calls[name], args.reps, flush))
             mhz[name].append(gpu_state()["sm_mhz"])
     for name, ts in times.items():
         us = statistics.median(ts)
