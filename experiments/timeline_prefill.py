@@ -96,7 +96,7 @@ def run_case(case, args):
     extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
                                          ("prefetch_ranges", args.prefetch_ranges),
                                          ("deferred_stores", args.deferred_stores),
-                                         ("lazy_rescale", args.lazy_rescale or args.lane_vote),
+                                         ("lazy_rescale", args.lazy_rescale),
                                          ("lane_vote", args.lane_vote)) if on}
     if args.fma_exp2:
         extra["fma_exp2"] = args.fma_exp2
@@ -156,8 +156,7 @@ def main():
     ap.add_argument("--lazy-rescale", action="store_true",
                     help="the default with kernel_options['lazy_rescale'] = True")
     ap.add_argument("--lane-vote", action="store_true",
-                    help="the default with kernel_options['lane_vote'] = True (and "
-                         "lazy_rescale)")
+                    help="the default with kernel_options['lane_vote'] = True")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)

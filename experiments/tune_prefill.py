@@ -24,7 +24,7 @@ the copies arrive at mbarriers as they land, ``mbarriers``), ``-tm`` (with ``-sh
 through the copy engine, ``tensor_maps``), ``-ll`` (with ``-ws``: the consumers' lean key loop,
 ``lean_loop``), ``-sr`` (with ``-ll``: separate K and V rings, ``split_rings``), ``-fe``
 (with ``-fx -ws``: a quarter of the exponentials on the FMA pipe, ``fma_exp2``; ``-fe<K>``
-those of every K-th n-tile), ``-lv`` (with ``-ws -lz``: the warp's vote on its lanes'
+those of every K-th n-tile), ``-lv`` (with ``-ws``: the warp's vote on its lanes'
 own row maxima, ``lane_vote``), ``-ng``
 (the kernel built without the device guard, to time
 what the guard costs: only for valid tables); ``default`` (the plan's default

@@ -88,9 +88,10 @@ class PrefillPlan:
         ``producer`` and ``fast_exp2``) computes a quarter of the softmax's
         exponentials on the FMA pipe instead of the special-function unit
         (``fma_exp2=k``, k = 1, 2, 4 or 8: those of every k-th 8-key n-tile);
-        ``lane_vote=True`` (with ``producer`` and ``lazy_rescale``) lets a warp
-        whose lanes' own row maxima all stay within the lazy slack take the
-        weights without exchanging the maxima in each quad (the same results);
+        ``lane_vote=True`` (with ``producer``) lets a warp none of whose lanes'
+        own row maxima would move its row's maximum (beyond the lazy slack
+        with ``lazy_rescale``) take the weights without exchanging the maxima
+        in each quad (the same results);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

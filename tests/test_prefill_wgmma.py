@@ -181,18 +181,26 @@ def test_tc_prefill_swizzled(p, causal, tiling):
     check_prefill(p, causal, tiling)
 
 
-def run_grown(p, causal, tiling, **extra):
+def run_grown(p, causal, tiling, creep=False, **extra):
     """The problem's prefill on keys whose size grows along its first sequence:
     the first 16 at 1, the next 32 at 3 (a row's maximum grows by less than
-    the lazy slack), the next 16 at 12 (by far more), the rest at 1.
+    the lazy slack), the next 16 at 12 (by far more), the rest at 1. ``creep``:
+    instead, keys 16-31 are keys 0-15 again, 1 % larger (a row's maximum
+    grows by a little, where the first 16 keys held it).
     ``((q, k, v), out, lse, cache)``."""
     q, k, v = p.arrays()
     grow = np.ones(p.seq_lens[0], np.float32)
-    grow[16:48], grow[48:64] = 3.0, 12.0
+    if not creep:
+        grow[16:48], grow[48:64] = 3.0, 12.0
+
+    def key(pos):
+        return p.block_tables[0, pos // p.block_size], pos % p.block_size
+
     for pos, g in enumerate(grow):
-        blk = p.block_tables[0, pos // p.block_size]
-        k[blk, pos % p.block_size] = (k[blk, pos % p.block_size].astype(np.float32) * g).astype(
-            k.dtype)
+        k[key(pos)] = (k[key(pos)].astype(np.float32) * g).astype(k.dtype)
+    if creep:
+        for pos in range(16, 32):
+            k[key(pos)] = (k[key(pos - 16)].astype(np.float32) * 1.01).astype(k.dtype)
     kc, vc = p.layout_pools(k, v)
     cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
     out, lse = pn.paged_prefill(q, cache, p.block_tables, p.cu_seqlens_q, p.seq_lens,
@@ -216,22 +224,28 @@ def test_tc_prefill_lazy_rescale(tiling):
                                                     tensor_cores=rounding(cache, tiling)))
 
 
-@pytest.mark.parametrize("p, causal, tiling, extra", [
-    (WS_LONG, True, WS_ONE, {}),
+@pytest.mark.parametrize("p, causal, tiling, extra, lazy", [
+    (WS_LONG, True, WS_ONE, {}, True),
     (LONG_F16, True, dict(WS_ONE, num_parts=2),
-     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0)),
+     dict(sliding_window=19, alibi_slopes=np.array([0.25, -0.5]), logits_soft_cap=3.0), True),
     (WS_HEADS, False, dict(WS_TWO, heads_per_block=1, kernel_options=dict(
         WS["kernel_options"], pingpong=True, swizzle=True, persistent=3, stages=3)),
-     dict(sliding_window=23))],
-    ids=["causal", "variants-split-k", "persistent-noncausal-window"])
-def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra):
-    """``lane_vote`` (a warp whose lanes' own maxima stay within the lazy slack
-    skips the quad's exchange of maxima) gives the lean, lazily rescaled
-    producer kernel's outputs and log-sum-exps bit for bit, on keys that grow
-    past the slack and under it (:func:`run_grown`), with windows whose
-    first tiles leave rows without a maximum."""
+     dict(sliding_window=23), True),
+    (WS_LONG, True, WS_ONE, {}, False),
+    (WS_LONG, True, WS_ONE, dict(creep=True), False),
+    (WS_LONG, True, WS_ONE, dict(creep=True), True),
+    (LONG_F16, False, dict(WS_ONE, num_parts=2), dict(sliding_window=19), False)],
+    ids=["lazy-causal", "lazy-variants-split-k", "lazy-persistent-noncausal-window", "causal",
+         "causal-creeping-maxima", "lazy-causal-creeping-maxima", "noncausal-window-split-k"])
+def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra, lazy):
+    """``lane_vote`` (a warp none of whose lanes' own maxima would move its
+    row's maximum skips the quad's exchange of maxima) gives the lean
+    producer kernel's outputs and log-sum-exps bit for bit, with lazy
+    rescaling and without, on keys that grow past the slack and under it
+    (:func:`run_grown`) or creep past it, with windows whose first tiles
+    leave rows without a maximum."""
     opts = dict(tiling.get("kernel_options", WS["kernel_options"]), lean_loop=True,
-                lazy_rescale=True)
+                lazy_rescale=lazy)
     base = run_grown(p, causal, dict(tiling, kernel_options=opts), **extra)
     vote = run_grown(p, causal, dict(tiling, kernel_options=dict(opts, lane_vote=True)),
                      **extra)
@@ -240,8 +254,10 @@ def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     assert np.isfinite(np.asarray(base[1], np.float32)).all()
     q, k, v = base[0]
+    variants = {key: val for key, val in extra.items() if key != "creep"}
     check_attention(q, base[1], base[2], *prefill_reference(
-        p, q, k, v, causal=causal, tensor_cores=rounding(base[3], tiling), **extra))
+        p, q, k, v, causal=causal, tensor_cores=rounding(base[3], tiling), **variants))
+
 
 @pytest.mark.skipif(not SIM, reason="calls a device function from the host (simulator)")
 def test_tc_prefill_mask_limits():
@@ -343,10 +359,6 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="fma_exp2=True, .* without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True, fast_exp2=True,
                                                                        fma_exp2=True)))
-    with pytest.raises(ValueError, match="lane_vote=True needs lazy_rescale=True, but got "
-                                         "lazy_rescale=False"):
-        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
-            WS["kernel_options"], lane_vote=True)))
     with pytest.raises(ValueError, match="lane_vote, .* lane_vote=True, .* without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(
             wgmma=True, lazy_rescale=True, lane_vote=True)))

@@ -140,25 +140,33 @@ def softmax_parts(P):
         return max(a, b)
 
     @device_function
+    def beyond(lane, m, sc):
+        """Whether a lane's own maximum ``lane`` may move its row's maximum
+        ``m`` (a finite one): beyond ``RESCALE_SLACK`` of it with
+        ``lazy_rescale`` (the expression :func:`weights_half` evaluates for the
+        row's maximum over the quad), above it without."""
+        if LAZY:
+            return (lane - m) * sc > float32(RESCALE_SLACK)
+        return lane > m
+
+    @device_function
     def tile_weights_rows(s, m, l_, alpha, sc, t):
         """:func:`weights_half` of both row halves of m-tile ``t``. With
-        ``lane_vote`` (and ``lazy_rescale``) a warp first votes on its lanes'
-        own maxima: where every lane's is within ``RESCALE_SLACK`` of its row's
-        kept maximum (a finite one), so is every row's maximum over the quad,
-        no row's maximum moves, and the weights are taken against the kept ones
-        at once, with no exchange of maxima between the quad's lanes (two
+        ``lane_vote`` a warp first votes on its lanes' own maxima: where none
+        may move its row's maximum (:func:`beyond`), the row's maximum over the
+        quad may not either, since the test is monotone in the maximum; so no
+        row's maximum moves, and the weights are taken against the kept ones at
+        once, with no exchange of maxima between the quad's lanes (two
         dependent shuffles a half) before the exponentials: the same values as
-        without the vote, bit for bit. A warp where any lane is beyond the
-        slack, or any row has no maximum yet, takes :func:`weights_half`."""
+        without the vote, bit for bit. A warp where any lane may move a
+        maximum, or any row has none yet, takes :func:`weights_half`."""
         if VOTE:
             m0 = m[t, 0]
             m1 = m[t, 1]
-            # (a row without a maximum is far whatever its lanes hold; 0 stands
-            # in for its -inf, so that -inf - -inf makes no NaN)
-            far = (((lane_max(s, t, 0) - (m0 if m0 != NEG_INF else float32(0.0))) * sc
-                    > float32(RESCALE_SLACK))
-                   | ((lane_max(s, t, 1) - (m1 if m1 != NEG_INF else float32(0.0))) * sc
-                      > float32(RESCALE_SLACK))
+            # a row without a maximum is far whatever its lanes hold; 0 stands
+            # in for its -inf in the test, so that -inf - -inf makes no NaN
+            far = (beyond(lane_max(s, t, 0), m0 if m0 != NEG_INF else float32(0.0), sc)
+                   | beyond(lane_max(s, t, 1), m1 if m1 != NEG_INF else float32(0.0), sc)
                    | (m0 == NEG_INF) | (m1 == NEG_INF))
             if not cuda.any_sync(FULL_MASK, far):
                 alpha[t, 0] = float32(1.0)

@@ -132,9 +132,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     ``fma_exp2=True`` (with ``producer`` and ``fast_exp2``) computes a quarter
     of the softmax's exponentials on the FMA pipe
     (:func:`kernels.fastmath.exp2_fma`); ``fma_exp2=k`` (1, 2, 4 or 8) those
-    of every k-th n-tile; ``lane_vote=True`` (with ``producer`` and
-    ``lazy_rescale``) lets a warp whose lanes' own row maxima stay within the
-    lazy slack skip the exchange of maxima within each quad (the same results).
+    of every k-th n-tile; ``lane_vote=True`` (with ``producer``) lets a warp
+    none of whose lanes' own row maxima would move its row's maximum (beyond
+    the lazy slack with ``lazy_rescale``) skip the exchange of maxima within
+    each quad (the same results).
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's

@@ -65,10 +65,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     True means 4): the weights of every k-th n-tile (``i % k == k - 1``) by
     :func:`kernels.fastmath.exp2_fma` on the FMA pipe, the rest by ``exp2``,
     to take load off the special-function unit (the same bound: both are
-    within 2 ulp). ``lane_vote`` (with ``lazy_rescale``): a warp whose lanes'
-    own maxima all stay within the slack of their rows' kept maxima takes the
-    weights without exchanging the maxima within each quad
-    (:func:`tile_weights_rows`; the same results).
+    within 2 ulp). ``lane_vote``: a warp none of whose lanes' own maxima
+    would move its row's maximum (beyond the lazy slack, or at all without
+    ``lazy_rescale``) takes the weights without exchanging the maxima within
+    each quad (:func:`tile_weights_rows`; the same results).
     """
     LEAN = bool(lean)
     D = head_size
@@ -129,12 +129,9 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     # fma_exp2: every FMA_EVERY-th n-tile's weights on the FMA pipe (True: a quarter)
     FMA_EVERY = 4 if fma_exp2 is True else int(fma_exp2 or 0)
     LAZY = bool(lazy_rescale)
-    # lane_vote (with lazy_rescale): a warp whose lanes' own maxima are all
-    # within the slack of their rows' kept maxima skips the quad's exchange
+    # lane_vote: a warp none of whose lanes' own maxima would move a row's
+    # maximum skips the quad's exchange of maxima
     VOTE = bool(lane_vote)
-    if VOTE and not LAZY:
-        raise ValueError(f"lane_vote=True needs lazy_rescale=True, but got "
-                         f"lazy_rescale={lazy_rescale!r}")
     checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
                                    (checked_unchecked, record_nothing, clamped_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]

@@ -124,7 +124,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``lean_loop``, ``q_in_regs``, ``split_rings``, ``pdl``,
     ``alternate_tiles``) are described in :mod:`kernels.prefill_ws_options`,
     which checks their combinations; ``fma_exp2`` (with ``fast_exp2``) and
-    ``lane_vote`` (with ``lazy_rescale``) as for
+    ``lane_vote`` as for
     :func:`kernels.prefill_tc_parts.tile_parts`."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
