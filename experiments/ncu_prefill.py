@@ -15,8 +15,9 @@ FlashInfer compiles its module on first use, 1-2 minutes), then once each
 between ``torch.cuda.profiler.start()`` and ``stop()``, so only those
 launches are profiled (with ``--profile-from-start off``): ``paged_numba``
 (``PrefillPlan.run``, the plan's kernel and its options; ``--options`` adds
-kernel options as JSON, e.g. ``'{"lazy_rescale": true}'``), and FlashInfer's
-``fa3`` and ``fa2`` backends where asked and importable. The details page
+kernel options to the default plan's, as JSON, e.g. ``'{"lane_vote":
+true}'``), and FlashInfer's ``fa3`` and ``fa2`` backends where asked and
+importable. The details page
 gives each kernel's pipe utilisation (``ComputeWorkloadAnalysis``), issue and
 stall reasons (``WarpStateStats``, ``SchedulerStats``) and instruction mix
 (``InstructionStats``) side by side; the source page, per SASS instruction,
@@ -26,12 +27,28 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 sys.path.insert(0, "experiments")
 from bench_common import import_flashinfer  # noqa: E402
 from bench_prefill import MODEL, cases  # noqa: E402
 from prefill_problem import Problem, flashinfer_caller, numba_caller  # noqa: E402
 
 IMPLS = ("paged_numba", "flashinfer_fa3", "flashinfer_fa2")
+
+
+def tiling(prob, options):
+    """The plan's default tiling with ``options`` added to its kernel options
+    (None: the default plan)."""
+    if not options:
+        return None
+    import paged_numba as pn
+
+    plan = pn.PrefillPlan(prob.cache, prob.cu, np.asarray(prob.kv_lens, np.int32),
+                          prob.num_heads, causal=True)
+    return dict(tensor_cores=True, num_warps=plan.num_warps, block_n=plan.block_n,
+                heads_per_block=plan.heads_per_block,
+                kernel_options=dict(plan.kernel_options, **options))
 
 
 def main():
@@ -53,8 +70,7 @@ def main():
     runs = {}
     for impl in a.impls:
         if impl == "paged_numba":
-            opts = json.loads(a.options)
-            runs[impl] = numba_caller(prob, {"kernel_options": opts} if opts else None)[0]
+            runs[impl] = numba_caller(prob, tiling(prob, json.loads(a.options)))[0]
         elif fi is None:
             print(f"{impl}: skipped (flashinfer is not importable)")
         else:
