@@ -41,13 +41,12 @@ def softmax_parts(P):
         return plain, (qscale if plain else float32(1.0))
 
     @device_function
-    def row_max(s, m, t, h):
-        """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
-        logits (over the quad of lanes that share the row); the lane's pairs
-        go round-robin into two independent maxima (half the dependent steps).
-        ``LEAN``: they start from the first two pairs, not from -inf (a seed
-        costs an instruction each and changes no result: ``max.f32`` passes
-        over NaN and the running maximum, never NaN, takes part last)."""
+    def lane_max(s, t, h):
+        """This lane's own largest logit of row half ``h`` of m-tile ``t`` (no
+        exchange within the quad): its pairs go round-robin into two
+        independent maxima (half the dependent steps). ``LEAN``: they start
+        from the first two pairs, not from -inf (a seed costs an instruction
+        each and changes no result: ``max.f32`` passes over NaN)."""
         if LEAN:
             a = max(s[t, 0, 2 * h], s[t, 0, 2 * h + 1])
             b = max(s[t, 1, 2 * h], s[t, 1, 2 * h + 1])
@@ -59,7 +58,14 @@ def softmax_parts(P):
         for i in range(first, NTILE_S, 2):
             a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
             b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
-        return max(m[t, h], quad_max(max(a, b)))
+        return max(a, b)
+
+    @device_function
+    def row_max(s, m, t, h):
+        """The running maximum of row half ``h`` of m-tile ``t`` with this tile's
+        logits: the lanes' own (:func:`lane_max`) over the quad of lanes that
+        share the row, then the running maximum (never NaN) last."""
+        return max(m[t, h], quad_max(lane_max(s, t, h)))
 
     @device_function
     def exp_weights(s, l_, sc, use, t, h):
@@ -127,17 +133,6 @@ def softmax_parts(P):
             m[t, h] = new               # the same, or NaN (which the weights carry)
         use = m[t, h] if m[t, h] != NEG_INF else float32(0.0)
         exp_weights(s, l_, sc, use, t, h)
-
-    @device_function
-    def lane_max(s, t, h):
-        """This lane's own largest logit of row half ``h`` of m-tile ``t`` (no
-        exchange within the quad), paired as :func:`row_max` pairs them."""
-        a = max(s[t, 0, 2 * h], s[t, 0, 2 * h + 1])
-        b = max(s[t, 1, 2 * h], s[t, 1, 2 * h + 1])
-        for i in range(2, NTILE_S, 2):
-            a = max(a, max(s[t, i, 2 * h], s[t, i, 2 * h + 1]))
-            b = max(b, max(s[t, i + 1, 2 * h], s[t, i + 1, 2 * h + 1]))
-        return max(a, b)
 
     @device_function
     def beyond(lane, m, sc):
