@@ -37,16 +37,19 @@ from variants import parse_variant  # noqa: E402
 
 
 def variant_kernel(name, head_size, block_size, group, dtype, layout):
-    """The kernel of variant ``name`` (``-ng``: built without the device guard)."""
+    """The kernel of variant ``name`` (``-ng``: built without the device guard;
+    ``-tlc``: with the timeline's loop clocks, ``timeline="loop"``)."""
     guard = not name.endswith("-ng")
     name = name.removesuffix("-ng")
+    extra = {"timeline": "loop"} if name.endswith("-tlc") else {}
+    name = name.removesuffix("-tlc")
     if name == "default":
         hpb, _, bn, nw, opts = prefill_tc_config(head_size, group, None, layout, sm90=True)
     else:
         nw, bn, opts, heads, _ = parse_variant(name)
         hpb = heads or prefill_tc_config(head_size, group, None, layout, sm90=True)[0]
     return prefill_tc_kernel(head_size, block_size, hpb, bn, dtype, layout, nw, **opts,
-                             guard=guard)
+                             **extra, guard=guard)
 
 
 def find_tool(name):

@@ -22,6 +22,12 @@ Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
 ``--prefetch-queries``, ``--deferred-stores``, ``--prefetch-ranges`` and
 ``--fma-exp2 K``, ``--lazy-rescale`` and ``--lane-vote`` add those kernel options, timed
 and stamped).
+
+``--loop-clocks`` builds the stamped kernel with ``timeline="loop"``: each
+consumer warpgroup also sums its multiprocessor's cycles in each step of its
+steady-state key loop (``kernels.timeline.LOOP_PHASES``: waiting for the
+tile's stage, for its turn, issuing the products, waiting for the scores,
+the softmax, waiting for ``P V``, packing P), printed as cycles a tile.
 """
 import argparse
 import statistics
@@ -32,7 +38,8 @@ from numba import cuda
 
 import paged_numba as pn
 from paged_numba.kernels import prefill_tc
-from paged_numba.kernels.timeline import POINTS, read_timeline, timeline_words
+from paged_numba.kernels.timeline import (LOOP_PHASES, POINTS, read_loop_clocks, read_timeline,
+                                          timeline_words)
 from tune_prefill import CASES, make, timed
 
 
@@ -115,7 +122,8 @@ def run_case(case, args):
     blocks = plan._grid[0]
     plan._kernel = prefill_tc.prefill_tc_kernel(
         cache.head_size, cache.block_size, plan.heads_per_block, plan.block_n,
-        cache.dtype.name, cache.layout, plan.num_warps, **opts, timeline=True)
+        cache.dtype.name, cache.layout, plan.num_warps, **opts,
+        timeline="loop" if args.loop_clocks else True)
     cache._errors = cuda.to_device(np.zeros(timeline_words(blocks), np.int64))
     plan._inputs = None                 # repack with the new kernel and error array
     stamped_us = timed(lambda: plan.run(dq, dt), args.reps, flush)
@@ -123,7 +131,8 @@ def run_case(case, args):
     flush.zero_()
     plan.run(dq, dt)
     torch.cuda.synchronize()
-    stamps = read_timeline(cache._errors.copy_to_host(), blocks)
+    errors = cache._errors.copy_to_host()
+    stamps = read_timeline(errors, blocks)
     tiles = item_tiles(plan, cu, lens)
     phases, span = summarise(stamps, plan, tiles)
     items = len(tiles)
@@ -133,6 +142,15 @@ def run_case(case, args):
     for role, ph in phases.items():
         who = "producer" if role == 0 else f"consumer {role - 1}"
         print(f"  {who:>10}: " + "  ".join(f"{n} {v:.2f}" for n, v in ph.items()) + "  (us)")
+    if args.loop_clocks:
+        clocks = read_loop_clocks(errors, blocks)         # [blocks, rounds, 2, phases + 1]
+        for wg in range(2):
+            c = clocks[:, :, wg].reshape(-1, len(LOOP_PHASES) + 1).astype(np.float64)
+            n = c[:, -1].sum()
+            per = c[:, :-1].sum(axis=0) / max(n, 1)
+            print(f"  consumer {wg} loop, cycles a tile over {int(n)} tiles: "
+                  + "  ".join(f"{name} {v:.0f}" for name, v in zip(LOOP_PHASES, per))
+                  + f"  (sum {per.sum():.0f})")
 
 
 def main():
@@ -157,6 +175,8 @@ def main():
                     help="the default with kernel_options['lazy_rescale'] = True")
     ap.add_argument("--lane-vote", action="store_true",
                     help="the default with kernel_options['lane_vote'] = True")
+    ap.add_argument("--loop-clocks", action="store_true",
+                    help="also sum each consumer's cycles in each step of its key loop")
     args = ap.parse_args()
     for case in args.case:
         run_case(case, args)

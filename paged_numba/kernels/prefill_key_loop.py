@@ -40,8 +40,13 @@ def _no_pass(last, a):
     """No turns to pass on."""
 
 
+@device_function
+def _no_tick(k, a):
+    """No loop clocks."""
+
+
 def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_pass,
-             lean=False, split=None, step=1):
+             lean=False, split=None, step=1, tick=None):
     """The software-pipelined loop over a tile's key tiles, shared by both
     warpgroup kernels: prologue ``S_0``; steady state ``j``: ``S_j`` with
     ``P_{j-1} V_{j-1}`` in flight; epilogue ``P_{n-1} V_{n-1}`` (no branch
@@ -66,8 +71,16 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
     ``release`` are unused, the turns are theirs): iteration ``j``
     acquires ``K_j`` and ``V_{j-1}``, releases ``K_j`` as soon as ``S_j``
     has landed and ``V_{j-1}`` once ``P_{j-1} V_{j-1}`` has; ``W`` from
-    ``product_parts(P, split_rings=True)``."""
+    ``product_parts(P, split_rings=True)``.
+
+    ``tick(k, a)`` (lean only; the kernel's ``timeline="loop"``,
+    :mod:`kernels.timeline`) is called once before the steady-state tiles
+    (``k = 8``) and after each step ``k`` of :data:`kernels.timeline.LOOP_PHASES`
+    of each of them, to sum the cycles of each step."""
     STEP = int(step)
+    if tick is not None and not lean:
+        raise ValueError("the loop clocks time the lean key loop only")
+    tick = _no_tick if tick is None else tick
     if STEP not in (1, 2) or stages % STEP:
         raise ValueError(f"the key loop takes every tile or every other one (step 1 or 2, "
                          f"with an even number of stages), but got step={step}, "
@@ -200,6 +213,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
             pack_p(pa, s)
+        tick(8, a)
         for _ in range(int32(first + STEP), ntiles, int32(STEP)):
             prev = cur
             if STEP == 1:
@@ -210,8 +224,10 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             kt = int32(kt + STEP * BN)
             keys_in(g, ntiles, a)
             values_in(uint32(g - STEP), ntiles, a)
+            tick(0, a)                  # acquire
             pin_s(s)
             take_turn(a)
+            tick(1, a)                  # turn
             fence()
             issue_s(s, qs, kvs, cur)
             rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
@@ -221,11 +237,14 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             fence()
             issue_pv(o, pa, kvs, prev)
             pass_turn(False, a)
+            tick(2, a)                  # issue
             masked = (kt <= mlo) | (kt > mhi)
             wait_s(s)                   # S_j landed; P V may still run
+            tick(3, a)                  # scores
             keys_read(g, ntiles, a)     # (split rings: K_j's stage may be refilled)
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
+            tick(4, a)                  # softmax
             # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
             # plain wait above the softmax (nothing ties them), serialising it
             # with P V; a branch on the row sums (always taken: a sum is >= 0 or
@@ -234,8 +253,10 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
                 wait_o(o)
             else:
                 wait_o_twin(o)
+            tick(5, a)                  # pv
             values_read(uint32(g - STEP), ntiles, a)
             pack_p(pa, s)
+            tick(6, a)                  # pack
         if first < ntiles:
             values_in(g, ntiles, a)
             rescale_half(o, alpha, 0, 0)

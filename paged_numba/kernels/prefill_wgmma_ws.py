@@ -61,7 +61,7 @@ from .pdl import launch_dependents
 from .prefill_tma import tma_parts
 from .item_handover import OWED_WORDS, handover_parts
 from .prefill_wgmma import product_parts
-from .timeline import ROLES, ROUNDS, STAMPS, globaltimer
+from .timeline import LOOP_WORDS, ROLES, ROUNDS, STAMPS, clock32, globaltimer
 from .guard import WORDS
 from .merge_tail import merge_tail_parts
 from .warpgroup_merge import pair_merge_parts, scratch_words
@@ -173,6 +173,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     PINGPONG = bool(pingpong)
     PERSISTENT = bool(persistent)
     TIMELINE = bool(timeline)
+    LOOP_CLOCKS = timeline == "loop"      # and each consumer's steps of its key loop
+    ACC_WORDS = LOOP_WORDS + 1            # its sums, its tiles and its last reading
     PREFETCH = bool(prefetch_queries)
     Q2_DELTA = P.TOTAL - P.Q_OFF          # the second query buffer, after the ring
     DYNAMIC_BYTES = P.DYNAMIC_BYTES + (2 * P.M * D if PREFETCH or ALT else 0)
@@ -217,9 +219,40 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     if PREFETCH:        # the next item's query copies (and DEFER: the last one's stores) paid
         H = handover_parts(P, work_item, pass_turn, DEFER)      # inside the key loop
         owe, owe_stores, settle, pass_turn = H.owe, H.owe_stores, H.settle, H.pass_turn_paying
+    if LOOP_CLOCKS and (PREFETCH or not lean_loop):
+        raise ValueError(f"timeline='loop' times the lean key loop without prefetch_queries, "
+                         f"but got lean_loop={lean_loop}, prefetch_queries={prefetch_queries}")
+
+    @device_function
+    def tick(k, a):
+        """(``timeline="loop"``) add the cycles since the last tick to step
+        ``k`` of the loop (``a[3]``: the sums, the tiles and the last
+        reading; ``k`` 8 only reads the clock; the last step counts a tile)."""
+        acc = a[3]
+        now = clock32()
+        if k < LOOP_WORDS - 1:
+            acc[k] += now - acc[LOOP_WORDS]
+        if k == LOOP_WORDS - 2:
+            acc[LOOP_WORDS - 1] += uint32(1)
+        acc[LOOP_WORDS] = now
+
     run_keys = key_loop(P, W, STAGES, R.acquire, R.release, take_turn, pass_turn,
-                        lean=lean_loop, split=RS, step=2 if ALT else 1)
+                        lean=lean_loop, split=RS, step=2 if ALT else 1,
+                        tick=tick if LOOP_CLOCKS else None)
     merge_pair = pair_merge_parts(NTILE_O, MERGE_AT, turn_sync, TURN) if ALT else None
+
+    @device_function
+    def write_clocks(errors, rnd, cwg, acc, tid):
+        """(``timeline="loop"``) the first thread of each consumer warpgroup
+        writes the item's loop clocks, and every thread zeroes its sums."""
+        if LOOP_CLOCKS:
+            if tid % 128 == 0 and rnd < ROUNDS:
+                at = (WORDS + cuda.gridDim.x * (ROUNDS * ROLES * STAMPS)
+                      + ((cuda.blockIdx.x * ROUNDS + rnd) * 2 + cwg) * LOOP_WORDS)
+                for k in range(LOOP_WORDS):
+                    errors[at + k] = acc[k]
+            for k in range(LOOP_WORDS):
+                acc[k] = uint32(0)
 
     @device_function
     def mark(errors, rnd, role, k, tid):
@@ -305,6 +338,9 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         q_args = (sm, query, num_heads, lane, warp, cu_seqlens_q, seq_lens, tile_seq, tile_q0,
                   causal, window, tables, out)
         mrows = cuda.local.array(4, int32)  # (MERGE) the item's row0, q0, nq, h0
+        acc = cuda.local.array(ACC_WORDS, uint32)      # (LOOP_CLOCKS) the loop's sums
+        for k in range(ACC_WORDS):
+            acc[k] = uint32(0)
         for rnd in range(num_rounds):
             tile, h0, real = work_item(rnd, items, num_heads)
             if real:
@@ -351,6 +387,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                 boxed_below = int32(done + whole_tiles(kv_first, kv_hi))
                 first = int32(cwg if ALT else 0)     # (done is 0 with ALT: not persistent)
                 ring = ((cwg, bars, boxed_below, owed, q_args) if PREFETCH else
+                        (cwg, bars, boxed_below, acc) if LOOP_CLOCKS else
                         (cwg, bars, boxed_below))
                 if Q_REGS:
                     run_keys(qa, kvs, s, o, pa, m, l_, alpha, pos, slope, c, pos0, nq, kv_first,
@@ -361,6 +398,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                              c, pos0, nq, kv_first, kv_hi, ntiles, done, first, causal, window,
                              iq, soft_cap, cap2, alibi, sc, plain, ring)
                 mark(errors, rnd, 1 + cwg, 2, ct)
+                write_clocks(errors, rnd, cwg, acc, ct)
                 next_bounds(rnd, items, num_heads, nx, cu_seqlens_q, seq_lens, lane)
                 if FP8:                 # V's codes' scale
                     vs = kv_scales[1, h0 // group]

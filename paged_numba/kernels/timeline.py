@@ -18,16 +18,35 @@ after them), 2 (its products done), 7 (ready to store), 3 (its stores
 issued). Points 0-3 are the phases' old bounds (query, keys, store), so
 their differences read as before.
 
+``timeline="loop"`` also has the first thread of each consumer warpgroup
+read its multiprocessor's cycle counter (``%clock``) around each step of the
+steady-state key loop (the lean loop's tiles after an item's first) and sum
+the cycles of each step over the item: :data:`LOOP_PHASES`, in loop order,
+then the number of tiles summed, written after the stamps::
+
+    errors[WORDS + blocks * ROUNDS * ROLES * STAMPS
+           + ((block * ROUNDS + round) * 2 + warpgroup) * LOOP_WORDS + k]
+
+``acquire`` waits for the tile's stage (the producer's copies), ``turn`` for
+the other warpgroup's issue of its products, ``issue`` issues ``S_j``, the
+rescale of O and ``P_{j-1} V_{j-1}``, ``scores`` waits for ``S_j``,
+``softmax`` computes tile ``j``'s weights, ``pv`` waits for ``P_{j-1}
+V_{j-1}``, ``pack`` hands back the stage and packs P (on the simulator the
+counter counts microseconds). The counter reads
+order the code around them, so the loop is a little slower than without
+them (``experiments/timeline_prefill.py`` prints both times).
+
 The caller gives the kernel an error array of :func:`timeline_words` words
 (zero filled) instead of the cache's four, and reads it back with
-:func:`read_timeline`. A stamp is 0 where that point was not reached. The
-timeline is for experiments (``experiments/timeline_prefill.py``); the
-kernels built without it are unchanged.
+:func:`read_timeline` (and :func:`read_loop_clocks`). A stamp is 0 where
+that point was not reached. The timeline is for experiments
+(``experiments/timeline_prefill.py``); the kernels built without it are
+unchanged.
 """
 import time
 
 import numpy as np
-from numba import config, int64, types
+from numba import config, int64, types, uint32
 
 from .guard import WORDS
 
@@ -39,16 +58,19 @@ PRODUCER_POINTS = ((0, "start"), (4, "setup"), (1, "range"), (2, "first"), (3, "
 CONSUMER_POINTS = ((0, "start"), (4, "range"), (5, "copy"), (6, "wait"), (1, "fence"),
                    (2, "keys"), (7, "bounds"), (3, "store"))
 POINTS = (PRODUCER_POINTS, CONSUMER_POINTS, CONSUMER_POINTS)
+# timeline="loop": a consumer warpgroup's cycles in each step of its key loop, and its tiles
+LOOP_PHASES = ("acquire", "turn", "issue", "scores", "softmax", "pv", "pack")
+LOOP_WORDS = len(LOOP_PHASES) + 1
 
 
 def timeline_words(blocks):
-    """Length of an error array with room for the timeline of ``blocks``
-    thread blocks.
+    """Length of an error array with room for the timeline (stamps and loop
+    clocks) of ``blocks`` thread blocks.
 
     >>> timeline_words(2)
-    3076
+    5124
     """
-    return WORDS + blocks * ROUNDS * ROLES * STAMPS
+    return WORDS + blocks * ROUNDS * (ROLES * STAMPS + 2 * LOOP_WORDS)
 
 
 def read_timeline(errors, blocks):
@@ -59,12 +81,31 @@ def read_timeline(errors, blocks):
     array([44, 45, 46, 47, 48, 49, 50, 51])
     """
     errors = np.asarray(errors)
-    return errors[WORDS:timeline_words(blocks)].reshape(blocks, ROUNDS, ROLES, STAMPS)
+    end = WORDS + blocks * ROUNDS * ROLES * STAMPS
+    return errors[WORDS:end].reshape(blocks, ROUNDS, ROLES, STAMPS)
+
+
+def read_loop_clocks(errors, blocks):
+    """The loop clocks of a host copy of the error array (``timeline="loop"``),
+    ``[blocks, ROUNDS, 2, LOOP_WORDS]`` int64: each consumer warpgroup's
+    cycles in each of :data:`LOOP_PHASES` summed over an item's steady-state
+    tiles, then the number of those tiles (0 where none ran).
+
+    >>> read_loop_clocks(np.arange(timeline_words(1)), 1)[0, 1, 0]
+    array([1556, 1557, 1558, 1559, 1560, 1561, 1562, 1563])
+    """
+    errors = np.asarray(errors)
+    start = WORDS + blocks * ROUNDS * ROLES * STAMPS
+    return errors[start:timeline_words(blocks)].reshape(blocks, ROUNDS, 2, LOOP_WORDS)
 
 
 if config.ENABLE_CUDASIM:
     def globaltimer():
         return int64(time.perf_counter_ns())
+
+    def clock32():
+        # microseconds: 32 bits of them wrap after 71 minutes, not 4 seconds
+        return uint32((time.perf_counter_ns() // 1000) & 0xFFFFFFFF)
 else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
@@ -79,6 +120,17 @@ else:
             return builder.call(asm, [])
         return types.int64(), codegen
 
+    @intrinsic
+    def clock32(typingctx):
+        """The multiprocessor's cycle counter (``%clock``), as uint32; a
+        volatile read that code does not move across."""
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [])
+            asm = ir.InlineAsm(fnty, "mov.u32 $0, %clock;", "=r,~{memory}",
+                               side_effect=True)
+            return builder.call(asm, [])
+        return types.uint32(), codegen
 
-__all__ = ["POINTS", "ROLES", "ROUNDS", "STAMPS", "globaltimer", "read_timeline",
-           "timeline_words"]
+
+__all__ = ["LOOP_PHASES", "LOOP_WORDS", "POINTS", "ROLES", "ROUNDS", "STAMPS", "clock32",
+           "globaltimer", "read_loop_clocks", "read_timeline", "timeline_words"]
