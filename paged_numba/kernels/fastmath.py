@@ -15,8 +15,10 @@ SM (a warp's instruction every 8 clocks on each quarter) can bound a softmax:
 (added to and taken from ``1.5 * 2 ** 23``, so no conversion instruction)
 and ``f`` in [-0.5, 0.5], ``2 ** f`` is a degree-5 polynomial with ``1``
 as its constant term (relative error under ``1.7e-7``, about the 2 ulp of
-``ex2.approx``), and ``n`` is added to its exponent field. Eleven
-instructions. -inf and everything at or below -127 give exactly +0 (``2 **
+``ex2.approx``), ``n`` is added to its exponent field, and a last
+``max.NaN`` with ``x`` keeps a NaN (the canonical NaN's low bits, shifted
+into the exponent field, would make it the largest float; ``2 ** x > x``
+leaves every other result as it is). Twelve instructions. -inf and everything at or below -127 give exactly +0 (``2 **
 0`` is 1 exactly, whose exponent then becomes 0); results below ``2 ** -126``
 are subnormal and within ``2 ** -126`` of the true value, where
 ``exp2_approx`` flushes them. The stand-in (``exp2_fma_steps``, which the
@@ -45,7 +47,9 @@ def exp2_fma_steps(x):
     for c in EXP2_POLY[3::-1] + (1.0,):
         p = np.float32(float(p) * float(f) + c)
     bits = (int(p.view(np.uint32)) + (int(t.view(np.uint32)) << 23)) & 0xFFFFFFFF
-    return np.uint32(bits).view(np.float32)
+    # the last step, max.NaN with x (2 ** x > x: only a NaN changes it), keeps a
+    # NaN whatever its bits (a NaN's low bits shifted into the exponent do not)
+    return np.float32(np.nan) if np.isnan(x) else np.uint32(bits).view(np.float32)
 
 
 if config.ENABLE_CUDASIM:
@@ -90,6 +94,7 @@ else:
                  + "".join(f"\tfma.rn.f32 p, p, f, {_hex(c)};\n"
                            for c in EXP2_POLY[2::-1] + (1.0,))
                  + "\tmov.b32 tb, t;\n\tshl.b32 tb, tb, 23;\n\tmov.b32 pb, p;\n"
-                 "\tadd.s32 pb, pb, tb;\n\tmov.b32 $0, pb;\n}")
+                 "\tadd.s32 pb, pb, tb;\n\tmov.b32 p, pb;\n"
+                 "\tmax.NaN.f32 $0, p, x;\n}")        # NaN kept (2 ** x > x otherwise)
 
     exp2_fma = _float_asm("exp2_fma", _EXP2_FMA)
