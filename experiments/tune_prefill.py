@@ -27,9 +27,11 @@ through the copy engine, ``tensor_maps``), ``-ll`` (with ``-ws``: the consumers'
 those of every K-th n-tile), ``-lv`` (with ``-ws``: the warp's vote on its lanes'
 own row maxima, ``lane_vote``), ``-ng``
 (the kernel built without the device guard, to time
-what the guard costs: only for valid tables); ``default`` (the plan's default
-tiling and options, ``default-ng`` without the guard) or ``cuda-cores`` (the
-fp32 CUDA-core kernel, default tiling).
+what the guard costs: only for valid tables), ``-g<N>`` (last: the plan's
+tiles in groups of sequences whose K/V fits N MiB, ``tile_group_bytes``; ``-g0``
+longest first over the whole batch); ``default`` (the plan's default
+tiling and options, ``default-ng`` without the guard, ``default-g0`` in the
+ungrouped order) or ``cuda-cores`` (the fp32 CUDA-core kernel, default tiling).
 
 Cases: causal prompts (fp16, 32 query / 8 KV heads, head size 128, block size
 16, random block tables, as in ``bench_prefill.py``), the same not causal
@@ -52,6 +54,7 @@ compile, not one after another.
 """
 import argparse
 import functools
+import re
 import statistics
 
 import numpy as np
@@ -125,24 +128,29 @@ def sdpa_inputs(q_len, lens, k_pool, v_pool, table, q, block_size):
     return qq, torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
 
 
-def variant_plan(name, cache, cu, lens, num_heads, causal=True):
+def variant_plan(name, cache, cu, lens, num_heads, causal=True, group=None):
     """The plan of variant ``name``; ``-ng`` swaps in its kernel built without
-    the device guard."""
+    the device guard; ``-g<N>`` sets the tiles' groups to N MiB of K/V."""
+    m = re.fullmatch(r"(.+)-g(\d+)", name)
+    if m:
+        return variant_plan(m.group(1), cache, cu, lens, num_heads, causal,
+                            int(m.group(2)) << 20)
     if name.endswith("-ng"):
-        plan = variant_plan(name[:-3], cache, cu, lens, num_heads, causal)
+        plan = variant_plan(name[:-3], cache, cu, lens, num_heads, causal, group)
         why = prefill_without_guard(plan)
         if why:
             raise SystemExit(f"-ng does not apply to {name!r}: {why}")
         return plan
     if name == "cuda-cores":
-        return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tensor_cores=False)
+        return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tensor_cores=False,
+                              tile_group_bytes=group)
     if name == "default":
-        return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal)
+        return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tile_group_bytes=group)
     nw, bn, options, hpb, parts = parse_variant(name)
     return pn.PrefillPlan(cache, cu, lens, num_heads, causal=causal, tensor_cores=True,
                           num_warps=nw,
                           block_n=bn, heads_per_block=hpb, kernel_options=options,
-                          num_parts=parts)
+                          num_parts=parts, tile_group_bytes=group)
 
 
 def run_case(case, args):

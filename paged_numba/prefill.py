@@ -13,8 +13,8 @@ from .fp8 import is_fp8
 from .kernels.merge import merge_kernel
 from .kernels.prefill import prefill_kernel
 from ._prefill_plan import (  # noqa: F401  (prefill.plan_tiles etc., as before)
-    _OPTION_CHECKS, _host_int, _kernel_options, cuda_core_tiling, persistent_blocks,
-    plan_tiles, tc_tiling, uses_tensor_cores)
+    _OPTION_CHECKS, TILE_GROUP_BYTES, _host_int, _kernel_options, cuda_core_tiling,
+    persistent_blocks, plan_tiles, tc_tiling, uses_tensor_cores)
 
 
 class PrefillPlan:
@@ -126,6 +126,13 @@ class PrefillPlan:
         (:mod:`paged_numba.kernels.prefill_fp8`); elsewhere the CUDA-core
         kernel reads them. Either applies the cache's scales. Other caches
         take their own dtype only.
+    tile_group_bytes : int, optional
+        The order of the tiles: longest first within groups of sequences
+        whose keys, in the cache's bytes (K and V, every KV head), fit in
+        this many bytes, one group after the other (:func:`plan_tiles`), so
+        that the tiles in flight read K/V that the L2 cache holds. Default
+        ``TILE_GROUP_BYTES``, 12 MiB (a quarter of an H100's or H200's 50 MB
+        L2); 0: one group, the longest tiles first over the whole batch.
 
     Examples
     --------
@@ -142,7 +149,8 @@ class PrefillPlan:
     def __init__(self, cache, cu_seqlens_q, seq_lens, num_heads, *, causal=True, scale=None,
                  sliding_window=None, alibi_slopes=None, logits_soft_cap=None,
                  tensor_cores=None, heads_per_block=None, block_q=None, block_n=None,
-                 num_warps=None, kernel_options=None, num_parts=None, query_dtype=None):
+                 num_warps=None, kernel_options=None, num_parts=None, query_dtype=None,
+                 tile_group_bytes=None):
         V.check_cache(cache)
         V.check_head_size(cache.head_size)
         self.query_dtype = V.plan_query_dtype(cache, query_dtype)   # and the output's
@@ -199,7 +207,11 @@ class PrefillPlan:
             tiling = cuda_core_tiling(cache, group, max_q, heads_per_block, block_q, block_n,
                                       num_warps)
         self.heads_per_block, self.block_q, self.block_n, self.num_warps = tiling
-        tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window)
+        group = (TILE_GROUP_BYTES if tile_group_bytes is None else
+                 C.integer("tile_group_bytes", tile_group_bytes, lo=0))
+        key_bytes = 2 * cache.num_kv_heads * cache.head_size * cache.dtype.itemsize
+        tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window,
+                                       group // key_bytes if group else None)
         self.num_tiles = int(tile_seq.size)
         self._cu = _arrays.as_device(cu.astype(np.int32), "cu_seqlens_q", 0)[0]
         self._lens = _arrays.as_device(lens.astype(np.int32), "seq_lens", 0)[0]
