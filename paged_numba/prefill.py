@@ -195,7 +195,9 @@ class PrefillPlan:
                     (heads_per_block, block_q, block_n, num_warps) == (None,) * 4)
             if fp8:     # the producer kernel widens the codes; its prompt tiling
                 # (the lean loop, the default's, not yet checked on a GPU with fp8 pools)
-                options = {"wgmma": True, "producer": True, "lean_loop": False, **options}
+                # (and without the head size 128 default's lazy rescaling and vote)
+                options = {"wgmma": True, "producer": True, "lean_loop": False,
+                           "lazy_rescale": False, "lane_vote": False, **options}
                 max_q = None
             *tiling, defaults = tc_tiling(
                 cache, group, max_q, heads_per_block, block_q, block_n, num_warps,

@@ -61,7 +61,8 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     the H200 (``docs/journal/prefill_tc.md``: prefill v2 options measured,
     2026-12-01; v8 and v13 measured, 2026-12-02), the lean loop on an H100
     (v26, 2026-12-05), head sizes 256 and 64 (v27 and v29, 2026-12-06; at 256
-    with lazy rescaling of O). Where the batch's longest query
+    with lazy rescaling of O), and at head size 128 lazy rescaling with the
+    warp's vote on its lanes' maxima (v35, an H100, 2026-12-08). Where the batch's longest query
     fills fewer rows (decode-like batches) the tile shrinks to one m-tile a
     warp, with 64-key tiles, and fewer warps, at least one (16 rows).
 
@@ -75,6 +76,9 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     ((8, 16, 32, 4), (1, 128, 32, 8))
     >>> prefill_tc_config(64, 4, sm90=True)[2], prefill_tc_config(64, 4, layout="vllm", sm90=True)[2]
     (128, 64)
+    >>> d128 = prefill_tc_config(128, 4, sm90=True)[4]
+    >>> d128['lazy_rescale'], d128['lane_vote']
+    (True, True)
     >>> d256 = prefill_tc_config(256, 4, sm90=True)
     >>> d256[2], d256[4]['producer'], d256[4]['lazy_rescale']
     (32, True, True)
@@ -88,6 +92,10 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
         if layout == "vllm":
             return hpb, 128 // hpb, 64, 8, options
         options.update(producer=True, pingpong=True, persistent=True, lean_loop=True)
+        if head_size == 128:
+            # O rescaled only when a row's maximum grows by 2**8, and the warp's
+            # vote on its lanes' maxima skipping the quads' exchange (v35)
+            options.update(lazy_rescale=True, lane_vote=True)
         # head size 64: 128-key tiles (a 4-stage ring of 128 KB), half the per-tile work a key
         return hpb, 128 // hpb, 128 if head_size == 64 else 64, 8, options
     if sm90 and head_size == 256 and layout != "vllm" and (rows is None or rows > 64):
