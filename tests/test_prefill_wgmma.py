@@ -101,14 +101,21 @@ def test_tc_prefill_wgmma(p, causal, tiling, extra):
         fast_exp2=True, fma_exp2=True)), dict(logits_soft_cap=3.0)),
     (WS_HEADS, True, dict(WS_TWO, heads_per_block=1, block_n=32, kernel_options=dict(
         WS["kernel_options"], pingpong=True, persistent=3, stages=3, fast_exp2=True,
-        fma_exp2=2)), {})],
+        fma_exp2=2)), {}),
+    (WS_LONG, True, dict(WS_TWO, block_n=48, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
+        stages=3, lazy_rescale=True, lane_vote=True)), {}),
+    (WS_LONG, True, dict(WS_TWO, block_n=96, kernel_options=dict(
+        WS["kernel_options"], pingpong=True, swizzle=True, persistent=1, lean_loop=True,
+        stages=3, lazy_rescale=True, lane_vote=True)), dict(logits_soft_cap=3.0))],
     ids=["two-consumer-warpgroups", "one-noncausal", "variants-split-k", "three-stages",
          "pingpong", "persistent-one-block", "persistent-serpentine", "prefetch-serpentine",
          "prefetch-swizzled-window", "prefetch-lean-loop",
          "deferred-stores-lean-loop", "deferred-stores-serpentine", "persistent-split-k-ranges", "mbarriers",
          "mbarriers-persistent", "mbarriers-lean-loop", "queries-in-registers",
          "queries-in-registers-default-loop",
-         "queries-in-registers-head-128-split", "fma-exp2-lean-loop", "fma-exp2-half"])
+         "queries-in-registers-head-128-split", "fma-exp2-lean-loop", "fma-exp2-half",
+         "default-options-48-key-tiles", "default-options-96-key-tiles"])
 def test_tc_prefill_producer(p, causal, tiling, extra):
     """A producer warpgroup doing the copies (``kernel_options={"wgmma": True,
     "producer": True}``), within the tensor-core bound: more key tiles than
@@ -133,7 +140,10 @@ def test_tc_prefill_producer(p, causal, tiling, extra):
     warpgroup; the default's loop, swizzled, persistent, lean; head size 128
     in the copy engine's layout); a quarter of the exponentials on the FMA pipe
     (``fma_exp2``: 32-key tiles, so each tile has such an n-tile; a half,
-    ``fma_exp2=2``, in the serpentine)."""
+    ``fma_exp2=2``, in the serpentine); the head-size-128 default's options
+    (lazy rescaling, the lane vote, 3 stages) on tiles of 48 and 96 keys, a
+    number of keys that is not a power of two (96: two tiles, the second of
+    4 keys, with a soft cap)."""
     check_prefill(p, causal, tiling, **extra)
 
 
