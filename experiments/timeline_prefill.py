@@ -18,7 +18,8 @@ four phases before ``keys``. The producer's: ``setup`` (its copy strides),
 table lookups and copies issued: it waits there for a free ring stage),
 ``rest`` (the other tiles'), ``gap``. ``keys/tile`` divides ``keys`` by the
 item's key tiles.
-Cases and inputs as in ``tune_prefill.py`` (default tiling and options;
+Cases and inputs as in ``tune_prefill.py`` (default tiling and options, or
+``--variant`` one of its variants;
 ``--prefetch-queries``, ``--deferred-stores``, ``--prefetch-ranges`` and
 ``--fma-exp2 K``, ``--lazy-rescale`` and ``--lane-vote`` add those kernel options, timed
 and stamped).
@@ -40,7 +41,7 @@ import paged_numba as pn
 from paged_numba.kernels import prefill_tc
 from paged_numba.kernels.timeline import (LOOP_PHASES, POINTS, read_loop_clocks, read_timeline,
                                           timeline_words)
-from tune_prefill import CASES, make, timed
+from tune_prefill import CASES, make, timed, variant_plan
 
 
 def item_tiles(plan, cu, lens):
@@ -99,7 +100,7 @@ def run_case(case, args):
     cache, _, _, table, q = make(q_len, lens, H, Hk, args.head_size, args.block_size, args.dtype)
     cu = (np.arange(batch + 1) * q_len).astype(np.int32)
     causal = not case.startswith("full-")
-    plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal)
+    plan = variant_plan(args.variant, cache, cu, np.asarray(lens, np.int32), H, causal)
     extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
                                          ("prefetch_ranges", args.prefetch_ranges),
                                          ("deferred_stores", args.deferred_stores),
@@ -111,10 +112,11 @@ def run_case(case, args):
         plan = pn.PrefillPlan(cache, cu, np.asarray(lens, np.int32), H, causal=causal,
                               tensor_cores=True, num_warps=plan.num_warps, block_n=plan.block_n,
                               heads_per_block=plan.heads_per_block,
-                              kernel_options=dict(plan.kernel_options, **extra))
+                              kernel_options=dict(plan.kernel_options, **extra),
+                              tile_group_bytes=plan.tile_group_bytes)
     opts = plan.kernel_options
     if not opts.get("persistent"):
-        raise SystemExit(f"the default plan of {case} is not persistent: {opts}")
+        raise SystemExit(f"the plan of {args.variant} on {case} is not persistent: {opts}")
     store = torch.uint16 if args.dtype == "bfloat16" else q.dtype
     dq, dt = cuda.as_cuda_array(q.view(store)), cuda.as_cuda_array(table)
     flush = torch.empty(2**28 // 4, dtype=torch.float32, device="cuda")
@@ -175,6 +177,9 @@ def main():
                     help="the default with kernel_options['lazy_rescale'] = True")
     ap.add_argument("--lane-vote", action="store_true",
                     help="the default with kernel_options['lane_vote'] = True")
+    ap.add_argument("--variant", default="default",
+                    help="tune_prefill.py's variant name (default: the plan's default), "
+                         "e.g. w8n96-fx-wg-ws-sw-pp-ps-ll-lz-lv or default-g0")
     ap.add_argument("--loop-clocks", action="store_true",
                     help="also sum each consumer's cycles in each step of its key loop")
     args = ap.parse_args()

@@ -209,8 +209,9 @@ class PrefillPlan:
             tiling = cuda_core_tiling(cache, group, max_q, heads_per_block, block_q, block_n,
                                       num_warps)
         self.heads_per_block, self.block_q, self.block_n, self.num_warps = tiling
-        group = (TILE_GROUP_BYTES if tile_group_bytes is None else
-                 C.integer("tile_group_bytes", tile_group_bytes, lo=0))
+        self.tile_group_bytes = group = (
+            TILE_GROUP_BYTES if tile_group_bytes is None else
+            C.integer("tile_group_bytes", tile_group_bytes, lo=0))
         key_bytes = 2 * cache.num_kv_heads * cache.head_size * cache.dtype.itemsize
         tile_seq, tile_q0 = plan_tiles(self.q_lens, lens, self.block_q, self.causal, window,
                                        group // key_bytes if group else None)

@@ -18,8 +18,9 @@ as its constant term (relative error under ``1.7e-7``, about the 2 ulp of
 ``ex2.approx``), ``n`` is added to its exponent field, and a last
 ``max.NaN`` with ``x`` keeps a NaN (the canonical NaN's low bits, shifted
 into the exponent field, would make it the largest float; ``2 ** x > x``
-leaves every other result as it is). Twelve instructions. -inf and everything at or below -127 give exactly +0 (``2 **
-0`` is 1 exactly, whose exponent then becomes 0); results below ``2 ** -126``
+leaves every other result as it is). Twelve instructions. -inf and
+everything at or below -127 give exactly +0 (``2 ** 0`` is 1 exactly,
+whose exponent then becomes 0); results below ``2 ** -126``
 are subnormal and within ``2 ** -126`` of the true value, where
 ``exp2_approx`` flushes them. The stand-in (``exp2_fma_steps``, which the
 host can call in both modes) evaluates the same steps in

@@ -62,9 +62,10 @@ def prefill_tc_config(head_size, group_size, max_q_len=None, layout="nhd", sm90=
     2026-12-01; v8 and v13 measured, 2026-12-02), the lean loop on an H100
     (v26, 2026-12-05), head sizes 256 and 64 (v27 and v29, 2026-12-06; at 256
     with lazy rescaling of O), and at head size 128 lazy rescaling with the
-    warp's vote on its lanes' maxima (v35, an H100, 2026-12-08). Where the batch's longest query
-    fills fewer rows (decode-like batches) the tile shrinks to one m-tile a
-    warp, with 64-key tiles, and fewer warps, at least one (16 rows).
+    warp's vote on its lanes' maxima (v35, an H100, 2026-12-08). Where the
+    batch's longest query fills fewer rows (decode-like batches) the tile
+    shrinks to one m-tile a warp, with 64-key tiles, and fewer warps, at
+    least one (16 rows).
 
     >>> prefill_tc_config(128, 4)
     (4, 32, 32, 4, {'fast_exp2': True, 'q_in_regs': False, 'm_tiles': 2})

@@ -32,9 +32,9 @@ the other warpgroup's issue of its products, ``issue`` issues ``S_j``, the
 rescale of O and ``P_{j-1} V_{j-1}``, ``scores`` waits for ``S_j``,
 ``softmax`` computes tile ``j``'s weights, ``pv`` waits for ``P_{j-1}
 V_{j-1}``, ``pack`` hands back the stage and packs P (on the simulator the
-counter counts microseconds). The counter reads
-order the code around them, so the loop is a little slower than without
-them (``experiments/timeline_prefill.py`` prints both times).
+counter counts microseconds). The counter reads order the code around
+them, so the loop is a little slower than without them
+(``experiments/timeline_prefill.py`` prints both times).
 
 The caller gives the kernel an error array of :func:`timeline_words` words
 (zero filled) instead of the cache's four, and reads it back with
