@@ -12,15 +12,12 @@ from paged_numba.kernels.timeline import (LOOP_PHASES, LOOP_WORDS, POINTS, ROUND
 from test_prefill import WS, WS_HEADS, WS_TWO
 
 
-def test_timeline_stamps_every_item_and_changes_nothing():
-    """Eight (tile, head block) items on three persistent blocks (serpentine:
-    blocks 0 and 1 take three, block 2 two): the output is bit for bit the
-    kernel's without stamps; each warpgroup of a block stamps exactly its
-    items, each item's points in the order ``POINTS`` gives, each item after the
-    last."""
+def stamped_run(options, timeline):
+    """WS_HEADS through the persistent producer kernel with ``options``, then
+    through the same kernel built with ``timeline``: the plan, both outputs and
+    the error array's words."""
     p = WS_HEADS
-    tiling = dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=3))
+    tiling = dict(WS_TWO, heads_per_block=1, kernel_options=dict(WS["kernel_options"], **options))
     q, k, v = p.arrays()
     kc, vc = p.layout_pools(k, v)
     cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
@@ -28,15 +25,25 @@ def test_timeline_stamps_every_item_and_changes_nothing():
     dq, table = cuda.to_device(q), cuda.to_device(p.block_tables)
     want = plan.run(dq, table).copy_to_host()
     blocks = plan._grid[0]
-    assert blocks == 3
     plan._kernel = prefill_tc.prefill_tc_kernel(
         cache.head_size, cache.block_size, plan.heads_per_block, plan.block_n, cache.dtype.name,
-        cache.layout, plan.num_warps, **plan.kernel_options, timeline=True)
+        cache.layout, plan.num_warps, **plan.kernel_options, timeline=timeline)
     cache._errors = cuda.to_device(np.zeros(timeline_words(blocks), np.int64))
     plan._inputs = None
     got = plan.run(dq, table).copy_to_host()
+    return plan, want, got, cache._errors.copy_to_host()
+
+
+def test_timeline_stamps_every_item_and_changes_nothing():
+    """Eight (tile, head block) items on three persistent blocks (serpentine:
+    blocks 0 and 1 take three, block 2 two): the output is bit for bit the
+    kernel's without stamps; each warpgroup of a block stamps exactly its
+    items, each item's points in the order ``POINTS`` gives, each item after the
+    last."""
+    plan, want, got, errors = stamped_run(dict(pingpong=True, persistent=3, stages=3), True)
+    blocks = plan._grid[0]
+    assert blocks == 3
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    errors = cache._errors.copy_to_host()
     assert not errors[:4].any()                      # no offence recorded
     stamps = read_timeline(errors, blocks)
     assert stamps.shape == (3, ROUNDS, 3, STAMPS)
@@ -71,26 +78,12 @@ def test_loop_clocks_count_every_steady_tile_and_change_nothing():
     first is the loop's prologue), and (on the simulator, where the cycle
     counter counts the microseconds of the clock the stamps read in
     nanoseconds) the steps add up to no more than the item's keys phase."""
-    p = WS_HEADS
-    tiling = dict(WS_TWO, heads_per_block=1, kernel_options=dict(
-        WS["kernel_options"], pingpong=True, persistent=3, stages=4, lean_loop=True))
-    q, k, v = p.arrays()
-    kc, vc = p.layout_pools(k, v)
-    cache = pn.PagedKVCache.from_host(kc, vc, p.layout)
-    plan = pn.PrefillPlan(cache, p.cu_seqlens_q, p.seq_lens, p.num_heads, causal=True, **tiling)
-    dq, table = cuda.to_device(q), cuda.to_device(p.block_tables)
-    want = plan.run(dq, table).copy_to_host()
+    plan, want, got, errors = stamped_run(
+        dict(pingpong=True, persistent=3, stages=4, lean_loop=True), "loop")
     blocks = plan._grid[0]
-    tiles = item_key_tiles(plan, p)
+    tiles = item_key_tiles(plan, WS_HEADS)
     assert blocks == 3 and len(tiles) == 8 and set(tiles) == {2, 3}
-    plan._kernel = prefill_tc.prefill_tc_kernel(
-        cache.head_size, cache.block_size, plan.heads_per_block, plan.block_n, cache.dtype.name,
-        cache.layout, plan.num_warps, **plan.kernel_options, timeline="loop")
-    cache._errors = cuda.to_device(np.zeros(timeline_words(blocks), np.int64))
-    plan._inputs = None
-    got = plan.run(dq, table).copy_to_host()
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    errors = cache._errors.copy_to_host()
     assert not errors[:4].any()
     clocks = read_loop_clocks(errors, blocks)
     stamps = read_timeline(errors, blocks)

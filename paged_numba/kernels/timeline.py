@@ -110,26 +110,24 @@ else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    @intrinsic
-    def globaltimer(typingctx):
-        """The GPU's clock in nanoseconds (``%globaltimer``), as int64."""
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(64), [])
-            asm = ir.InlineAsm(fnty, "mov.u64 $0, %globaltimer;", "=l,~{memory}",
-                               side_effect=True)
-            return builder.call(asm, [])
-        return types.int64(), codegen
+    def _special_register(name, register, bits, doc):
+        """An intrinsic ``name()`` reading PTX special register ``register``
+        (``bits`` wide) as a volatile asm that code does not move across."""
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.IntType(bits), [])
+                asm = ir.InlineAsm(fnty, f"mov.u{bits} $0, %{register};",
+                                   f"={'l' if bits == 64 else 'r'},~{{memory}}",
+                                   side_effect=True)
+                return builder.call(asm, [])
+            return (types.int64 if bits == 64 else types.uint32)(), codegen
+        typer.__name__, typer.__doc__ = name, doc
+        return intrinsic(typer)
 
-    @intrinsic
-    def clock32(typingctx):
-        """The multiprocessor's cycle counter (``%clock``), as uint32; a
-        volatile read that code does not move across."""
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [])
-            asm = ir.InlineAsm(fnty, "mov.u32 $0, %clock;", "=r,~{memory}",
-                               side_effect=True)
-            return builder.call(asm, [])
-        return types.uint32(), codegen
+    globaltimer = _special_register("globaltimer", "globaltimer", 64,
+                                    "The GPU's clock in nanoseconds, as int64.")
+    clock32 = _special_register("clock32", "clock", 32,
+                                "The multiprocessor's cycle counter, as uint32.")
 
 
 __all__ = ["LOOP_PHASES", "LOOP_WORDS", "POINTS", "ROLES", "ROUNDS", "STAMPS", "clock32",
