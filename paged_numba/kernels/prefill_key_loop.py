@@ -28,6 +28,10 @@ from numba import cuda, float32, int32, int64, uint32
 
 from .access import device_function
 from .prefill_tc_parts import FULL_MASK, cuda_function
+from .timeline import LOOP_PHASES, LOOP_START
+
+# the loop clocks' steps (timeline="loop"), in loop order
+(ACQUIRE, TURN, ISSUE_S, ISSUE_PV, SCORES, SOFTMAX, PV, PACK) = range(len(LOOP_PHASES))
 
 
 @device_function
@@ -75,8 +79,9 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
 
     ``tick(k, a)`` (lean only; the kernel's ``timeline="loop"``,
     :mod:`kernels.timeline`) is called once before the steady-state tiles
-    (``k = 8``) and after each step ``k`` of :data:`kernels.timeline.LOOP_PHASES`
-    of each of them, to sum the cycles of each step."""
+    (``k = LOOP_START``) and after each step ``k`` of
+    :data:`kernels.timeline.LOOP_PHASES` of each of them, to sum the cycles of
+    each step."""
     STEP = int(step)
     if tick is not None and not lean:
         raise ValueError("the loop clocks time the lean key loop only")
@@ -213,7 +218,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
             pack_p(pa, s)
-        tick(8, a)
+        tick(LOOP_START, a)
         for _ in range(int32(first + STEP), ntiles, int32(STEP)):
             prev = cur
             if STEP == 1:
@@ -224,12 +229,13 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             kt = int32(kt + STEP * BN)
             keys_in(g, ntiles, a)
             values_in(uint32(g - STEP), ntiles, a)
-            tick(0, a)                  # acquire
+            tick(ACQUIRE, a)
             pin_s(s)
             take_turn(a)
-            tick(1, a)                  # turn
+            tick(TURN, a)
             fence()
             issue_s(s, qs, kvs, cur)
+            tick(ISSUE_S, a)
             rescale_half(o, alpha, 0, 0)    # O to tile j - 1's maxima, while S_j runs
             rescale_half(o, alpha, 0, 1)
             pin_p(pa)
@@ -237,14 +243,14 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             fence()
             issue_pv(o, pa, kvs, prev)
             pass_turn(False, a)
-            tick(2, a)                  # issue
+            tick(ISSUE_PV, a)
             masked = (kt <= mlo) | (kt > mhi)
             wait_s(s)                   # S_j landed; P V may still run
-            tick(3, a)                  # scores
+            tick(SCORES, a)
             keys_read(g, ntiles, a)     # (split rings: K_j's stage may be refilled)
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
                                 qscale, soft_cap, cap2, alibi, sc, plain, masked)
-            tick(4, a)                  # softmax
+            tick(SOFTMAX, a)
             # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
             # plain wait above the softmax (nothing ties them), serialising it
             # with P V; a branch on the row sums (always taken: a sum is >= 0 or
@@ -253,10 +259,10 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
                 wait_o(o)
             else:
                 wait_o_twin(o)
-            tick(5, a)                  # pv
+            tick(PV, a)
             values_read(uint32(g - STEP), ntiles, a)
             pack_p(pa, s)
-            tick(6, a)                  # pack
+            tick(PACK, a)
         if first < ntiles:
             values_in(g, ntiles, a)
             rescale_half(o, alpha, 0, 0)

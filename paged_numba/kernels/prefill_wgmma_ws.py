@@ -227,7 +227,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     def tick(k, a):
         """(``timeline="loop"``) add the cycles since the last tick to step
         ``k`` of the loop (``a[3]``: the sums, the tiles and the last
-        reading; ``k`` 8 only reads the clock; the last step counts a tile)."""
+        reading; ``LOOP_START`` only reads the clock; the last step counts a
+        tile)."""
         acc = a[3]
         now = clock32()
         if k < LOOP_WORDS - 1:

@@ -28,8 +28,8 @@ then the number of tiles summed, written after the stamps::
            + ((block * ROUNDS + round) * 2 + warpgroup) * LOOP_WORDS + k]
 
 ``acquire`` waits for the tile's stage (the producer's copies), ``turn`` for
-the other warpgroup's issue of its products, ``issue`` issues ``S_j``, the
-rescale of O and ``P_{j-1} V_{j-1}``, ``scores`` waits for ``S_j``,
+the other warpgroup's issue of its products, ``issue_s`` issues ``S_j``,
+``issue_pv`` rescales O and issues ``P_{j-1} V_{j-1}``, ``scores`` waits for ``S_j``,
 ``softmax`` computes tile ``j``'s weights, ``pv`` waits for ``P_{j-1}
 V_{j-1}``, ``pack`` hands back the stage and packs P (on the simulator the
 counter counts microseconds). The counter reads order the code around
@@ -59,8 +59,9 @@ CONSUMER_POINTS = ((0, "start"), (4, "range"), (5, "copy"), (6, "wait"), (1, "fe
                    (2, "keys"), (7, "bounds"), (3, "store"))
 POINTS = (PRODUCER_POINTS, CONSUMER_POINTS, CONSUMER_POINTS)
 # timeline="loop": a consumer warpgroup's cycles in each step of its key loop, and its tiles
-LOOP_PHASES = ("acquire", "turn", "issue", "scores", "softmax", "pv", "pack")
+LOOP_PHASES = ("acquire", "turn", "issue_s", "issue_pv", "scores", "softmax", "pv", "pack")
 LOOP_WORDS = len(LOOP_PHASES) + 1
+LOOP_START = LOOP_WORDS         # a tick that only reads the clock (before the first tile)
 
 
 def timeline_words(blocks):
@@ -68,7 +69,7 @@ def timeline_words(blocks):
     clocks) of ``blocks`` thread blocks.
 
     >>> timeline_words(2)
-    5124
+    5380
     """
     return WORDS + blocks * ROUNDS * (ROLES * STAMPS + 2 * LOOP_WORDS)
 
@@ -92,7 +93,7 @@ def read_loop_clocks(errors, blocks):
     tiles, then the number of those tiles (0 where none ran).
 
     >>> read_loop_clocks(np.arange(timeline_words(1)), 1)[0, 1, 0]
-    array([1556, 1557, 1558, 1559, 1560, 1561, 1562, 1563])
+    array([1558, 1559, 1560, 1561, 1562, 1563, 1564, 1565, 1566])
     """
     errors = np.asarray(errors)
     start = WORDS + blocks * ROUNDS * ROLES * STAMPS
@@ -130,5 +131,5 @@ else:
                                 "The multiprocessor's cycle counter, as uint32.")
 
 
-__all__ = ["LOOP_PHASES", "LOOP_WORDS", "POINTS", "ROLES", "ROUNDS", "STAMPS", "clock32",
+__all__ = ["LOOP_PHASES", "LOOP_START", "LOOP_WORDS", "POINTS", "ROLES", "ROUNDS", "STAMPS", "clock32",
            "globaltimer", "read_loop_clocks", "read_timeline", "timeline_words"]
