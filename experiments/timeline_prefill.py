@@ -43,6 +43,9 @@ from paged_numba.kernels.timeline import (LOOP_PHASES, POINTS, read_loop_clocks,
                                           timeline_words)
 from tune_prefill import CASES, make, timed, variant_plan
 
+# the kernel options a flag of the same name turns on
+FLAGS = ("prefetch_queries", "prefetch_ranges", "deferred_stores", "lazy_rescale", "lane_vote")
+
 
 def item_tiles(plan, cu, lens):
     """Key tiles of each work item, in the kernel's item order (tile-major,
@@ -101,11 +104,7 @@ def run_case(case, args):
     cu = (np.arange(batch + 1) * q_len).astype(np.int32)
     causal = not case.startswith("full-")
     plan = variant_plan(args.variant, cache, cu, np.asarray(lens, np.int32), H, causal)
-    extra = {name: True for name, on in (("prefetch_queries", args.prefetch_queries),
-                                         ("prefetch_ranges", args.prefetch_ranges),
-                                         ("deferred_stores", args.deferred_stores),
-                                         ("lazy_rescale", args.lazy_rescale),
-                                         ("lane_vote", args.lane_vote)) if on}
+    extra = {name: True for name in FLAGS if getattr(args, name)}
     if args.fma_exp2:
         extra["fma_exp2"] = args.fma_exp2
     if extra:
@@ -163,20 +162,13 @@ def main():
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--prefetch-queries", action="store_true",
-                    help="the default with kernel_options['prefetch_queries'] = True")
-    ap.add_argument("--prefetch-ranges", action="store_true",
-                    help="the default with kernel_options['prefetch_ranges'] = True")
-    ap.add_argument("--deferred-stores", action="store_true",
-                    help="the default with kernel_options['deferred_stores'] = True "
-                         "(with --prefetch-queries)")
+    for name in FLAGS:                  # each adds kernel_options[name] = True
+        ap.add_argument("--" + name.replace("_", "-"), action="store_true",
+                        help=f"kernel_options['{name}'] = True on the plan"
+                             + (" (with --prefetch-queries)" if name == "deferred_stores" else ""))
     ap.add_argument("--fma-exp2", type=int, default=0, metavar="K",
                     help="the default with kernel_options['fma_exp2'] = K: every K-th "
                          "n-tile's exponentials on the FMA pipe (4: a quarter)")
-    ap.add_argument("--lazy-rescale", action="store_true",
-                    help="the default with kernel_options['lazy_rescale'] = True")
-    ap.add_argument("--lane-vote", action="store_true",
-                    help="the default with kernel_options['lane_vote'] = True")
     ap.add_argument("--variant", default="default",
                     help="tune_prefill.py's variant name (default: the plan's default), "
                          "e.g. w8n96-fx-wg-ws-sw-pp-ps-ll-lz-lv or default-g0")
