@@ -44,7 +44,8 @@ from paged_numba.kernels.timeline import (LOOP_PHASES, POINTS, read_loop_clocks,
 from tune_prefill import CASES, make, timed, variant_plan
 
 # the kernel options a flag of the same name turns on
-FLAGS = ("prefetch_queries", "prefetch_ranges", "deferred_stores", "lazy_rescale", "lane_vote")
+FLAGS = ("prefetch_queries", "prefetch_ranges", "deferred_stores", "lazy_rescale", "lane_vote",
+         "early_weights")
 
 
 def item_tiles(plan, cu, lens):

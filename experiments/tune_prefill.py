@@ -25,7 +25,8 @@ through the copy engine, ``tensor_maps``), ``-ll`` (with ``-ws``: the consumers'
 ``lean_loop``), ``-sr`` (with ``-ll``: separate K and V rings, ``split_rings``), ``-fe``
 (with ``-fx -ws``: a quarter of the exponentials on the FMA pipe, ``fma_exp2``; ``-fe<K>``
 those of every K-th n-tile), ``-lv`` (with ``-ws``: the warp's vote on its lanes'
-own row maxima, ``lane_vote``), ``-ng``
+own row maxima, ``lane_vote``), ``-ew`` (with ``-lv``: the weights against the kept
+maxima before the vote, ``early_weights``), ``-ng``
 (the kernel built without the device guard, to time
 what the guard costs: only for valid tables), ``-g<N>`` (last: the plan's
 tiles in groups of sequences whose K/V fits N MiB, ``tile_group_bytes``; ``-g0``

@@ -16,7 +16,8 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "ds": ("deferred_stores", True), "fe": ("fma_exp2", True),
            "sh": ("split_halves", True), "mb": ("mbarriers", True),
            "tm": ("tensor_maps", True), "ll": ("lean_loop", True),
-           "sr": ("split_rings", True), "lv": ("lane_vote", True)}
+           "sr": ("split_rings", True), "lv": ("lane_vote", True),
+           "ew": ("early_weights", True)}
 
 
 def parse_variant(name):

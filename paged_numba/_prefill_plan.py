@@ -153,7 +153,8 @@ _OPTION_CHECKS = {
     "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
     "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
     "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
-    "lazy_rescale": C.flag, "lane_vote": C.flag, "prefetch_queries": C.flag,
+    "lazy_rescale": C.flag, "lane_vote": C.flag, "early_weights": C.flag,
+    "prefetch_queries": C.flag,
     "prefetch_ranges": C.flag,
     "deferred_stores": C.flag,
     # True (a quarter of the n-tiles) or every k-th n-tile, k a power of two up to 8

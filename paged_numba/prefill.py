@@ -63,7 +63,7 @@ class PrefillPlan:
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
         ``deferred_stores``, ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
         ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``, ``fma_exp2``,
-        ``lane_vote``), for
+        ``lane_vote``, ``early_weights``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -91,7 +91,10 @@ class PrefillPlan:
         ``lane_vote=True`` (with ``producer``) lets a warp none of whose lanes'
         own row maxima would move its row's maximum (beyond the lazy slack
         with ``lazy_rescale``) take the weights without exchanging the maxima
-        in each quad (the same results);
+        in each quad (the same results); ``early_weights=True`` (with
+        ``lane_vote``) takes the weights against the kept maxima before the
+        vote, beside the lanes' maxima, and keeps them where it passes (the
+        same results);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8
@@ -197,7 +200,8 @@ class PrefillPlan:
                 # (the lean loop, the default's, not yet checked on a GPU with fp8 pools)
                 # (and without the head size 128 default's lazy rescaling and vote)
                 options = {"wgmma": True, "producer": True, "lean_loop": False,
-                           "lazy_rescale": False, "lane_vote": False, **options}
+                           "lazy_rescale": False, "lane_vote": False, "early_weights": False,
+                           **options}
                 max_q = None
             *tiling, defaults = tc_tiling(
                 cache, group, max_q, heads_per_block, block_q, block_n, num_warps,

@@ -249,8 +249,10 @@ def test_tc_prefill_lazy_rescale(tiling):
          "causal-creeping-maxima", "lazy-causal-creeping-maxima", "noncausal-window-split-k"])
 def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra, lazy):
     """``lane_vote`` (a warp none of whose lanes' own maxima would move its
-    row's maximum skips the quad's exchange of maxima) gives the lean
-    producer kernel's outputs and log-sum-exps bit for bit, with lazy
+    row's maximum skips the quad's exchange of maxima), and with it
+    ``early_weights`` (the weights against the kept maxima taken before the
+    vote), give the lean producer kernel's outputs and log-sum-exps bit for
+    bit, with lazy
     rescaling and without, on keys that grow past the slack and under it
     (:func:`run_grown`) or creep past it, with windows whose first tiles
     leave rows without a maximum."""
@@ -259,9 +261,12 @@ def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra, lazy):
     base = run_grown(p, causal, dict(tiling, kernel_options=opts), **extra)
     vote = run_grown(p, causal, dict(tiling, kernel_options=dict(opts, lane_vote=True)),
                      **extra)
-    for a, b in zip(base[1:3], vote[1:3]):
-        a, b = np.asarray(a), np.asarray(b)
+    early = run_grown(p, causal, dict(tiling, kernel_options=dict(
+        opts, lane_vote=True, early_weights=True)), **extra)
+    for a, b, c in zip(base[1:3], vote[1:3], early[1:3]):
+        a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert np.array_equal(a.view(np.uint8), c.view(np.uint8))
     assert np.isfinite(np.asarray(base[1], np.float32)).all()
     q, k, v = base[0]
     variants = {key: val for key, val in extra.items() if key != "creep"}
@@ -372,6 +377,10 @@ def test_wgmma_rejects_tilings_it_cannot_run():
     with pytest.raises(ValueError, match="lane_vote, .* lane_vote=True, .* without producer=True"):
         check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(
             wgmma=True, lazy_rescale=True, lane_vote=True)))
+    with pytest.raises(ValueError, match="early_weights needs lane_vote=True and one m-tile a "
+                                         "warp, but got lane_vote=False"):
+        check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
+            WS["kernel_options"], early_weights=True)))
     with pytest.raises(ValueError, match="lane_vote=True, .* need wgmma=True"):
         check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
                                            kernel_options=dict(lane_vote=True)))

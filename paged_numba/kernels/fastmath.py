@@ -26,6 +26,11 @@ are subnormal and within ``2 ** -126`` of the true value, where
 host can call in both modes) evaluates the same steps in
 float32, each fused multiply-add as a float64 product and sum rounded once
 (which can differ from a true fma in the last place).
+
+``fma(a, b, c)`` is ``a * b + c`` rounded once (``fma.rn.f32``: ``cuda.fma``),
+for an expression the compiler would otherwise split (a product shared with
+another expression is computed once and each sum added after it); under the
+simulator it is the float32 expression, as there before.
 """
 import numpy as np
 from numba import config, types
@@ -64,7 +69,17 @@ if config.ENABLE_CUDASIM:
 
     exp2_fma = exp2_fma_steps
 
+    def fma(a, b, c):
+        return a * b + c
+
 else:
+    from numba import cuda
+
+    from .convert import device_function
+
+    @device_function
+    def fma(a, b, c):
+        return cuda.fma(a, b, c)
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 

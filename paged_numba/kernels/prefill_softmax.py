@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from numba import cuda, float32
 
 from .access import device_function
-from .fastmath import exp2_fma
+from .fastmath import exp2_fma, fma
 from .prefill_tc_io import NEG_INF, cuda_function
 from .warp_reduce import FULL_MASK
 
@@ -29,6 +29,7 @@ def softmax_parts(P):
     """Device functions of the online softmax for the tile of namespace ``P``."""
     NTILE_S, NTILE_O, LEAN, LAZY, VOTE, FMA_EVERY = (P.NTILE_S, P.NTILE_O, P.LEAN, P.LAZY,
                                                      P.VOTE, P.FMA_EVERY)
+    EARLY, WSLOT = P.EARLY, P.WSLOT
     exp2, quad_max = P.exp2, P.quad_max
 
     @device_function
@@ -68,30 +69,42 @@ def softmax_parts(P):
         return max(m[t, h], quad_max(lane_max(s, t, h)))
 
     @device_function
-    def exp_weights(s, l_, sc, use, t, h):
-        """Logits -> weights ``exp2(x sc - use sc)`` in place, one FFMA and one
-        exp2 each, summed (two partial sums) into the lane's share of the row sum.
-        ``LEAN``: the sums start from the first two pairs, not from 0 (a weight
-        is +0 or more, or NaN, so ``0 + x`` is ``x``)."""
+    def exp_into(s, sc, use, t, h):
+        """Logits of row half ``h`` of m-tile ``t`` -> weights ``exp2(x sc - use
+        sc)``, one FMA and one exp2 each, into slot ``t + WSLOT`` (in place
+        without ``early_weights``); returns their sum (two partial sums), the
+        lane's share of the row sum. ``LEAN``: the sums start from the first two
+        pairs, not from 0 (a weight is +0 or more, or NaN, so ``0 + x`` is
+        ``x``)."""
         sub = -use * sc
+        w = t + WSLOT
         a = float32(0.0)                  # two independent partial sums
         b = float32(0.0)
         for i in range(NTILE_S):
+            # one explicit FMA each: the early weights' products x sc would
+            # otherwise be shared with the later ones' (a multiply, then an add)
+            x0 = fma(s[t, i, 2 * h], sc, sub)
+            x1 = fma(s[t, i, 2 * h + 1], sc, sub)
             if FMA_EVERY and i % FMA_EVERY == FMA_EVERY - 1:     # on the FMA pipe
-                s[t, i, 2 * h] = exp2_fma(s[t, i, 2 * h] * sc + sub)
-                s[t, i, 2 * h + 1] = exp2_fma(s[t, i, 2 * h + 1] * sc + sub)
+                s[w, i, 2 * h] = exp2_fma(x0)
+                s[w, i, 2 * h + 1] = exp2_fma(x1)
             else:
-                s[t, i, 2 * h] = exp2(s[t, i, 2 * h] * sc + sub)
-                s[t, i, 2 * h + 1] = exp2(s[t, i, 2 * h + 1] * sc + sub)
+                s[w, i, 2 * h] = exp2(x0)
+                s[w, i, 2 * h + 1] = exp2(x1)
             if LEAN and i == 0:
-                a = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+                a = s[w, i, 2 * h] + s[w, i, 2 * h + 1]
             elif LEAN and i == 1:
-                b = s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+                b = s[w, i, 2 * h] + s[w, i, 2 * h + 1]
             elif i % 2 == 0:
-                a += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
+                a += s[w, i, 2 * h] + s[w, i, 2 * h + 1]
             else:
-                b += s[t, i, 2 * h] + s[t, i, 2 * h + 1]
-        l_[t, h] += a + b
+                b += s[w, i, 2 * h] + s[w, i, 2 * h + 1]
+        return a + b
+
+    @device_function
+    def exp_weights(s, l_, sc, use, t, h):
+        """:func:`exp_into`, its sum added to the row sum ``l_[t, h]``."""
+        l_[t, h] += exp_into(s, sc, use, t, h)
 
     @cuda_function
     def softmax_half(s, o, m, l_, sc, t, h):
@@ -135,6 +148,30 @@ def softmax_parts(P):
         exp_weights(s, l_, sc, use, t, h)
 
     @device_function
+    def weights_half_early(s, m, l_, alpha, sc, t, h, early):
+        """:func:`weights_half` after the early weights (``early_weights``):
+        where the row's maximum stays (within the lazy slack) the weights in
+        slot ``t + WSLOT`` are already those :func:`weights_half` takes (the
+        same expressions) and their sum ``early`` is added; where it moves (or
+        turns NaN), or the row has none yet, they are taken again from the
+        logits. The early weights thus stand on both sides of
+        the vote, and no compiler moves them after it."""
+        new = row_max(s, m, t, h)
+        old = m[t, h]
+        alpha[t, h] = float32(1.0)
+        if new > old:
+            if not LAZY or (new - old) * sc > float32(RESCALE_SLACK):
+                alpha[t, h] = exp2((old - new) * sc)
+                l_[t, h] *= alpha[t, h]
+                m[t, h] = new
+        else:
+            m[t, h] = new
+        if m[t, h] == old and old != NEG_INF:
+            l_[t, h] += early
+        else:       # (a first tile's early weights, against -inf, go unused)
+            exp_weights(s, l_, sc, m[t, h] if m[t, h] != NEG_INF else float32(0.0), t, h)
+
+    @device_function
     def beyond(lane, m, sc):
         """Whether a lane's own maximum ``lane`` may move its row's maximum
         ``m`` (a finite one): beyond ``RESCALE_SLACK`` of it with
@@ -154,20 +191,40 @@ def softmax_parts(P):
         once, with no exchange of maxima between the quad's lanes (two
         dependent shuffles a half) before the exponentials: the same values as
         without the vote, bit for bit. A warp where any lane may move a
-        maximum, or any row has none yet, takes :func:`weights_half`."""
+        maximum, or any row has none yet, takes :func:`weights_half`.
+        ``early_weights``: the weights against the kept maxima are taken
+        before the vote, beside the lanes' maxima (off the chain of maxima,
+        vote and exponentials), into slot ``t + WSLOT``; the vote keeps them,
+        or :func:`weights_half_early` keeps those of the rows whose maxima
+        stay."""
         if VOTE:
             m0 = m[t, 0]
             m1 = m[t, 1]
             # a row without a maximum is far whatever its lanes hold; 0 stands
             # in for its -inf in the test, so that -inf - -inf makes no NaN
-            far = (beyond(lane_max(s, t, 0), m0 if m0 != NEG_INF else float32(0.0), sc)
-                   | beyond(lane_max(s, t, 1), m1 if m1 != NEG_INF else float32(0.0), sc)
+            u0 = m0 if m0 != NEG_INF else float32(0.0)
+            u1 = m1 if m1 != NEG_INF else float32(0.0)
+            if EARLY:
+                # the weights against the kept maxima, before the vote says
+                # whether they stand (a row without a maximum fails it: its
+                # weights against 0 are dropped)
+                e0 = exp_into(s, sc, u0, t, 0)
+                e1 = exp_into(s, sc, u1, t, 1)
+            far = (beyond(lane_max(s, t, 0), u0, sc) | beyond(lane_max(s, t, 1), u1, sc)
                    | (m0 == NEG_INF) | (m1 == NEG_INF))
             if not cuda.any_sync(FULL_MASK, far):
                 alpha[t, 0] = float32(1.0)
                 alpha[t, 1] = float32(1.0)
-                exp_weights(s, l_, sc, m0, t, 0)
-                exp_weights(s, l_, sc, m1, t, 1)
+                if EARLY:
+                    l_[t, 0] += e0
+                    l_[t, 1] += e1
+                else:
+                    exp_weights(s, l_, sc, m0, t, 0)
+                    exp_weights(s, l_, sc, m1, t, 1)
+                return
+            if EARLY:
+                weights_half_early(s, m, l_, alpha, sc, t, 0, e0)
+                weights_half_early(s, m, l_, alpha, sc, t, 1, e1)
                 return
         weights_half(s, m, l_, alpha, sc, t, 0)
         weights_half(s, m, l_, alpha, sc, t, 1)
@@ -181,6 +238,7 @@ def softmax_parts(P):
                 o[t, i, 2 * h] *= alpha[t, h]
                 o[t, i, 2 * h + 1] *= alpha[t, h]
 
-    taken = ("P", "NTILE_S", "NTILE_O", "LEAN", "LAZY", "VOTE", "FMA_EVERY", "exp2", "quad_max")
+    taken = ("P", "NTILE_S", "NTILE_O", "LEAN", "LAZY", "VOTE", "FMA_EVERY", "exp2", "quad_max",
+             "EARLY", "WSLOT")
     return SimpleNamespace(**{k: v for k, v in locals().items()
                               if not k.startswith("__") and k not in taken + ("taken",)})

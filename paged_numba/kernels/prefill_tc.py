@@ -69,7 +69,8 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       prefetch_queries=False, prefetch_ranges=False, kv_dtype=None,
                       producer_registers=None, split_halves=False, mbarriers=False,
                       tensor_maps=False, lean_loop=False, split_rings=False, pdl=False,
-                      deferred_stores=False, fma_exp2=False, lane_vote=False):
+                      deferred_stores=False, fma_exp2=False, lane_vote=False,
+                      early_weights=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -135,7 +136,10 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     of every k-th n-tile; ``lane_vote=True`` (with ``producer``) lets a warp
     none of whose lanes' own row maxima would move its row's maximum (beyond
     the lazy slack with ``lazy_rescale``) skip the exchange of maxima within
-    each quad (the same results).
+    each quad (the same results); ``early_weights=True`` (with
+    ``lane_vote``) takes the weights against the kept maxima beside the
+    lanes' maxima, before the vote, and keeps them where it passes (the same
+    results).
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's
@@ -191,13 +195,14 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            tensor_maps=tensor_maps, lean_loop=lean_loop,
                                            q_in_regs=bool(q_in_regs), split_rings=split_rings,
                                            pdl=pdl, deferred_stores=deferred_stores,
-                                           fma_exp2=fma_exp2, lane_vote=lane_vote)
+                                           fma_exp2=fma_exp2, lane_vote=lane_vote,
+                                           early_weights=early_weights)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
                 or mbarriers or lean_loop or split_rings or deferred_stores or fma_exp2
-                or lane_vote):
+                or lane_vote or early_weights):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"deferred_stores, fma_exp2, lane_vote, "
+                             f"deferred_stores, fma_exp2, lane_vote, early_weights, "
                              f"prefetch_ranges, lean_loop, split_rings, producer_registers, "
                              f"split_halves and mbarriers "
                              f"apply to the producer kernel, but got stages={stages}, "
@@ -205,7 +210,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                              f"persistent={persistent}, timeline={timeline}, "
                              f"prefetch_queries={prefetch_queries}, "
                              f"deferred_stores={deferred_stores}, fma_exp2={fma_exp2}, "
-                             f"lane_vote={lane_vote}, "
+                             f"lane_vote={lane_vote}, early_weights={early_weights}, "
                              f"prefetch_ranges={prefetch_ranges}, lean_loop={lean_loop}, "
                              f"split_rings={split_rings}, "
                              f"producer_registers={producer_registers}, "
@@ -218,10 +223,11 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
             or timeline or prefetch_queries or prefetch_ranges or producer_registers is not None
             or split_halves or mbarriers or lean_loop or split_rings or deferred_stores
-            or fma_exp2 or lane_vote):
+            or fma_exp2 or lane_vote or early_weights):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
                          "deferred_stores=True, fma_exp2=True, lane_vote=True, "
+                         "early_weights=True, "
                          "prefetch_ranges=True, lean_loop=True, split_rings=True, "
                          "producer_registers, split_halves and mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,

@@ -39,7 +39,8 @@ from .warp_reduce import FULL_MASK
 def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
                token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
-               guard=True, lazy_rescale=False, lean=False, fma_exp2=False, lane_vote=False):
+               guard=True, lazy_rescale=False, lean=False, fma_exp2=False, lane_vote=False,
+               early_weights=False):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -69,6 +70,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     would move its row's maximum (beyond the lazy slack, or at all without
     ``lazy_rescale``) takes the weights without exchanging the maxima within
     each quad (:func:`tile_weights_rows`; the same results).
+    ``early_weights`` (with ``lane_vote``): the weights are taken against the
+    kept maxima beside the lanes' own maxima, before the vote, into a second
+    slot of the logits' array (``S_SLOTS`` 2, the weights in slot
+    ``WSLOT`` 1), and kept where the vote passes (the same results).
     """
     LEAN = bool(lean)
     D = head_size
@@ -132,6 +137,14 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     # lane_vote: a warp none of whose lanes' own maxima would move a row's
     # maximum skips the quad's exchange of maxima
     VOTE = bool(lane_vote)
+    # early_weights: the weights land in slot WSLOT of the logits' array, of
+    # S_SLOTS slots a thread (one m-tile a warp)
+    EARLY = bool(early_weights)
+    if EARLY and (not VOTE or MT != 1):
+        raise ValueError(f"early_weights needs lane_vote=True and one m-tile a warp, but got "
+                         f"lane_vote={lane_vote}, m_tiles={m_tiles}")
+    WSLOT = int(EARLY)
+    S_SLOTS = 1 + WSLOT
     checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
                                    (checked_unchecked, record_nothing, clamped_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]

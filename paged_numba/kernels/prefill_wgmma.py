@@ -76,6 +76,7 @@ def product_parts(P, q_regs=False, split_rings=False):
     the joint ring."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
     pack, logits, tile_weights_rows, dtype = P.pack, P.logits, P.tile_weights_rows, P.dtype
+    WSLOT = P.WSLOT
     logits_masked = P.logits_masked
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
@@ -196,12 +197,13 @@ def product_parts(P, q_regs=False, split_rings=False):
 
     @device_function
     def pack_p(pa, s):
-        """The weights rounded to the cache dtype as the A words of ``P V``."""
+        """The weights (slot ``WSLOT`` of ``s``) rounded to the cache dtype as
+        the A words of ``P V``."""
         for ks in range(PV_STEPS):
-            pa[ks, 0] = pack(s[0, 2 * ks, 0], s[0, 2 * ks, 1])
-            pa[ks, 1] = pack(s[0, 2 * ks, 2], s[0, 2 * ks, 3])
-            pa[ks, 2] = pack(s[0, 2 * ks + 1, 0], s[0, 2 * ks + 1, 1])
-            pa[ks, 3] = pack(s[0, 2 * ks + 1, 2], s[0, 2 * ks + 1, 3])
+            pa[ks, 0] = pack(s[WSLOT, 2 * ks, 0], s[WSLOT, 2 * ks, 1])
+            pa[ks, 1] = pack(s[WSLOT, 2 * ks, 2], s[WSLOT, 2 * ks, 3])
+            pa[ks, 2] = pack(s[WSLOT, 2 * ks + 1, 0], s[WSLOT, 2 * ks + 1, 1])
+            pa[ks, 3] = pack(s[WSLOT, 2 * ks + 1, 2], s[WSLOT, 2 * ks + 1, 3])
 
     return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
 
