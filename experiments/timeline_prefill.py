@@ -45,7 +45,7 @@ from tune_prefill import CASES, make, timed, variant_plan
 
 # the kernel options a flag of the same name turns on
 FLAGS = ("prefetch_queries", "prefetch_ranges", "deferred_stores", "lazy_rescale", "lane_vote",
-         "early_weights")
+         "early_weights", "staged_p")
 
 
 def item_tiles(plan, cu, lens):

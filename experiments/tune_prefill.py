@@ -26,7 +26,8 @@ through the copy engine, ``tensor_maps``), ``-ll`` (with ``-ws``: the consumers'
 (with ``-fx -ws``: a quarter of the exponentials on the FMA pipe, ``fma_exp2``; ``-fe<K>``
 those of every K-th n-tile), ``-lv`` (with ``-ws``: the warp's vote on its lanes'
 own row maxima, ``lane_vote``), ``-ew`` (with ``-lv``: the weights against the kept
-maxima before the vote, ``early_weights``), ``-ng``
+maxima before the vote, ``early_weights``), ``-sp`` (with ``-ws``: P packed by the softmax into
+staging registers, ``staged_p``), ``-ng``
 (the kernel built without the device guard, to time
 what the guard costs: only for valid tables), ``-g<N>`` (last: the plan's
 tiles in groups of sequences whose K/V fits N MiB, ``tile_group_bytes``; ``-g0``

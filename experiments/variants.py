@@ -17,7 +17,7 @@ OPTIONS = {"qsmem": ("q_in_regs", False), "qregs": ("q_in_regs", True),
            "sh": ("split_halves", True), "mb": ("mbarriers", True),
            "tm": ("tensor_maps", True), "ll": ("lean_loop", True),
            "sr": ("split_rings", True), "lv": ("lane_vote", True),
-           "ew": ("early_weights", True)}
+           "ew": ("early_weights", True), "sp": ("staged_p", True)}
 
 
 def parse_variant(name):

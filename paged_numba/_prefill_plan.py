@@ -153,7 +153,7 @@ _OPTION_CHECKS = {
     "q_in_regs": C.optional_flag, "fast_exp2": C.flag, "fma_softmax": C.flag,
     "token_copies": C.flag, "m_tiles": lambda name, v: C.integer(name, v, lo=1, hi=2),
     "wgmma": C.flag, "producer": C.flag, "swizzle": C.flag, "pingpong": C.flag,
-    "lazy_rescale": C.flag, "lane_vote": C.flag, "early_weights": C.flag,
+    "lazy_rescale": C.flag, "lane_vote": C.flag, "early_weights": C.flag, "staged_p": C.flag,
     "prefetch_queries": C.flag,
     "prefetch_ranges": C.flag,
     "deferred_stores": C.flag,

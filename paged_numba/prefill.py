@@ -63,7 +63,7 @@ class PrefillPlan:
         ``pingpong``, ``persistent``, ``lazy_rescale``, ``prefetch_queries``,
         ``deferred_stores``, ``prefetch_ranges``, ``producer_registers``, ``split_halves``,
         ``mbarriers``, ``tensor_maps``, ``lean_loop``, ``split_rings``, ``fma_exp2``,
-        ``lane_vote``, ``early_weights``), for
+        ``lane_vote``, ``early_weights``, ``staged_p``), for
         studying its variants; they
         replace the defaults' (``prefill_tc_config``'s options); an error on
         CUDA cores. ``wgmma=True`` runs the warpgroup kernel
@@ -94,7 +94,9 @@ class PrefillPlan:
         in each quad (the same results); ``early_weights=True`` (with
         ``lane_vote``) takes the weights against the kept maxima before the
         vote, beside the lanes' maxima, and keeps them where it passes (the
-        same results);
+        same results); ``staged_p=True`` (with ``producer``) packs P's words
+        in the softmax, into staging registers that are copied in once the
+        last tile's ``P V`` has landed (the same results);
         ``prefetch_ranges=True`` (with ``persistent``) reads the next item's
         tile entries and sequence bounds while the current item runs;
         ``producer_registers`` (with ``producer``, 8 warps; a multiple of 8

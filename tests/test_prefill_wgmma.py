@@ -249,7 +249,8 @@ def test_tc_prefill_lazy_rescale(tiling):
          "causal-creeping-maxima", "lazy-causal-creeping-maxima", "noncausal-window-split-k"])
 def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra, lazy):
     """``lane_vote`` (a warp none of whose lanes' own maxima would move its
-    row's maximum skips the quad's exchange of maxima), and with it
+    row's maximum skips the quad's exchange of maxima), ``staged_p`` (P
+    packed by the softmax into staging registers), and both with
     ``early_weights`` (the weights against the kept maxima taken before the
     vote), give the lean producer kernel's outputs and log-sum-exps bit for
     bit, with lazy
@@ -261,12 +262,14 @@ def test_tc_prefill_lane_vote_is_bit_for_bit(p, causal, tiling, extra, lazy):
     base = run_grown(p, causal, dict(tiling, kernel_options=opts), **extra)
     vote = run_grown(p, causal, dict(tiling, kernel_options=dict(opts, lane_vote=True)),
                      **extra)
+    staged = run_grown(p, causal, dict(tiling, kernel_options=dict(opts, staged_p=True)),
+                       **extra)
     early = run_grown(p, causal, dict(tiling, kernel_options=dict(
-        opts, lane_vote=True, early_weights=True)), **extra)
-    for a, b, c in zip(base[1:3], vote[1:3], early[1:3]):
-        a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
-        assert np.array_equal(a.view(np.uint8), c.view(np.uint8))
+        opts, lane_vote=True, early_weights=True, staged_p=True)), **extra)
+    for runs in zip(base[1:3], vote[1:3], staged[1:3], early[1:3]):
+        a, *others = [np.asarray(x) for x in runs]
+        for b in others:
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     assert np.isfinite(np.asarray(base[1], np.float32)).all()
     q, k, v = base[0]
     variants = {key: val for key, val in extra.items() if key != "creep"}
@@ -381,6 +384,9 @@ def test_wgmma_rejects_tilings_it_cannot_run():
                                          "warp, but got lane_vote=False"):
         check_prefill(LONG_F16, True, dict(WS_TWO, kernel_options=dict(
             WS["kernel_options"], early_weights=True)))
+    with pytest.raises(ValueError, match="staged_p, .* staged_p=True, .* without producer=True"):
+        check_prefill(LONG_F16, True, dict(WG_ONE, kernel_options=dict(wgmma=True,
+                                                                       staged_p=True)))
     with pytest.raises(ValueError, match="lane_vote=True, .* need wgmma=True"):
         check_prefill(LONG_F16, True, dict(tensor_cores=True, num_warps=4, block_n=16,
                                            kernel_options=dict(lane_vote=True)))

@@ -140,7 +140,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             pass_turn(False, a)
             wait_s_alone(s)
             tile_weights(s, m, l_, alpha, pos, slope, kv_first + first * BN, c, pos0, nq,
-                         kv_hi, causal, window, qscale, soft_cap, cap2, alibi, sc, plain)
+                         kv_hi, causal, window, qscale, soft_cap, cap2, alibi, sc, plain, pa)
             pack_p(pa, s)
         for j in range(first + STEP, ntiles, STEP):
             prev = cur
@@ -162,7 +162,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             pass_turn(False, a)
             wait_s(s)                   # S_j landed; P V may still run
             tile_weights(s, m, l_, alpha, pos, slope, kv_first + j * BN, c, pos0, nq, kv_hi,
-                         causal, window, qscale, soft_cap, cap2, alibi, sc, plain)
+                         causal, window, qscale, soft_cap, cap2, alibi, sc, plain, pa)
             # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
             # plain wait above the softmax (nothing ties them), serialising it
             # with P V; a branch on the row sums (always taken: a sum is >= 0 or
@@ -216,7 +216,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             wait_s_alone(s)
             keys_read(g, ntiles, a)
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
-                                qscale, soft_cap, cap2, alibi, sc, plain, masked)
+                                qscale, soft_cap, cap2, alibi, sc, plain, masked, pa)
             pack_p(pa, s)
         tick(LOOP_START, a)
         for _ in range(int32(first + STEP), ntiles, int32(STEP)):
@@ -249,7 +249,7 @@ def key_loop(P, W, stages, acquire, release, take_turn=_no_turn, pass_turn=_no_p
             tick(SCORES, a)
             keys_read(g, ntiles, a)     # (split rings: K_j's stage may be refilled)
             tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window,
-                                qscale, soft_cap, cap2, alibi, sc, plain, masked)
+                                qscale, soft_cap, cap2, alibi, sc, plain, masked, pa)
             tick(SOFTMAX, a)
             # P_{j-1} V_{j-1} landed: P's registers are free. ptxas would hoist a
             # plain wait above the softmax (nothing ties them), serialising it

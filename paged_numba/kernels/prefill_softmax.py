@@ -29,8 +29,8 @@ def softmax_parts(P):
     """Device functions of the online softmax for the tile of namespace ``P``."""
     NTILE_S, NTILE_O, LEAN, LAZY, VOTE, FMA_EVERY = (P.NTILE_S, P.NTILE_O, P.LEAN, P.LAZY,
                                                      P.VOTE, P.FMA_EVERY)
-    EARLY, WSLOT = P.EARLY, P.WSLOT
-    exp2, quad_max = P.exp2, P.quad_max
+    EARLY, WSLOT, STAGED, PB, PV_STEPS = P.EARLY, P.WSLOT, P.STAGED, P.PB, P.PV_STEPS
+    exp2, quad_max, pack = P.exp2, P.quad_max, P.pack
 
     @device_function
     def exponent_scale(fold, qscale, soft_cap, alibi):
@@ -182,7 +182,18 @@ def softmax_parts(P):
         return lane > m
 
     @device_function
-    def tile_weights_rows(s, m, l_, alpha, sc, t):
+    def pack_weights(pa, s, row):
+        """The weights (slot ``WSLOT`` of ``s``, one m-tile a warp) rounded to
+        the cache dtype as the A words of ``P V``, into rows ``row ..`` of
+        ``pa``."""
+        for ks in range(PV_STEPS):
+            pa[row + ks, 0] = pack(s[WSLOT, 2 * ks, 0], s[WSLOT, 2 * ks, 1])
+            pa[row + ks, 1] = pack(s[WSLOT, 2 * ks, 2], s[WSLOT, 2 * ks, 3])
+            pa[row + ks, 2] = pack(s[WSLOT, 2 * ks + 1, 0], s[WSLOT, 2 * ks + 1, 1])
+            pa[row + ks, 3] = pack(s[WSLOT, 2 * ks + 1, 2], s[WSLOT, 2 * ks + 1, 3])
+
+    @device_function
+    def tile_weights_rows(s, m, l_, alpha, sc, t, pa):
         """:func:`weights_half` of both row halves of m-tile ``t``. With
         ``lane_vote`` a warp first votes on its lanes' own maxima: where none
         may move its row's maximum (:func:`beyond`), the row's maximum over the
@@ -196,7 +207,9 @@ def softmax_parts(P):
         before the vote, beside the lanes' maxima (off the chain of maxima,
         vote and exponentials), into slot ``t + WSLOT``; the vote keeps them,
         or :func:`weights_half_early` keeps those of the rows whose maxima
-        stay."""
+        stay. ``staged_p``: each way ends by packing the weights into P's
+        staging rows of ``pa`` (:func:`pack_weights`), beside their last
+        exponentials."""
         if VOTE:
             m0 = m[t, 0]
             m1 = m[t, 1]
@@ -221,13 +234,19 @@ def softmax_parts(P):
                 else:
                     exp_weights(s, l_, sc, m0, t, 0)
                     exp_weights(s, l_, sc, m1, t, 1)
+                if STAGED:
+                    pack_weights(pa, s, PB)
                 return
             if EARLY:
                 weights_half_early(s, m, l_, alpha, sc, t, 0, e0)
                 weights_half_early(s, m, l_, alpha, sc, t, 1, e1)
+                if STAGED:
+                    pack_weights(pa, s, PB)
                 return
         weights_half(s, m, l_, alpha, sc, t, 0)
         weights_half(s, m, l_, alpha, sc, t, 1)
+        if STAGED:
+            pack_weights(pa, s, PB)
 
     @cuda_function
     def rescale_half(o, alpha, t, h):
@@ -239,6 +258,6 @@ def softmax_parts(P):
                 o[t, i, 2 * h + 1] *= alpha[t, h]
 
     taken = ("P", "NTILE_S", "NTILE_O", "LEAN", "LAZY", "VOTE", "FMA_EVERY", "exp2", "quad_max",
-             "EARLY", "WSLOT")
+             "EARLY", "WSLOT", "STAGED", "PB", "PV_STEPS", "pack")
     return SimpleNamespace(**{k: v for k, v in locals().items()
                               if not k.startswith("__") and k not in taken + ("taken",)})

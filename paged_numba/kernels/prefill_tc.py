@@ -70,7 +70,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                       producer_registers=None, split_halves=False, mbarriers=False,
                       tensor_maps=False, lean_loop=False, split_rings=False, pdl=False,
                       deferred_stores=False, fma_exp2=False, lane_vote=False,
-                      early_weights=False):
+                      early_weights=False, staged_p=False):
     """Compile-time specialised tensor-core prefill kernel: arguments and grid
     as for :func:`kernels.prefill.prefill_kernel` with ``block_q = 16 *
     m_tiles * num_warps // heads_per_block`` and ``32 * num_warps`` threads; the
@@ -139,7 +139,9 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     each quad (the same results); ``early_weights=True`` (with
     ``lane_vote``) takes the weights against the kept maxima beside the
     lanes' maxima, before the vote, and keeps them where it passes (the same
-    results).
+    results); ``staged_p=True`` (with ``producer``) packs P's words in the
+    softmax, into staging registers copied in after the last tile's ``P V``
+    (the same results).
     ``prefetch_ranges=True`` (with ``persistent``) reads the next item's tile
     entries and sequence bounds during the current item.
     ``producer_registers`` (with ``producer``, 8 warps) sets how the block's
@@ -196,13 +198,13 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                                            q_in_regs=bool(q_in_regs), split_rings=split_rings,
                                            pdl=pdl, deferred_stores=deferred_stores,
                                            fma_exp2=fma_exp2, lane_vote=lane_vote,
-                                           early_weights=early_weights)
+                                           early_weights=early_weights, staged_p=staged_p)
         if (stages is not None or pingpong or persistent or timeline or prefetch_queries
                 or prefetch_ranges or producer_registers is not None or split_halves
                 or mbarriers or lean_loop or split_rings or deferred_stores or fma_exp2
-                or lane_vote or early_weights):
+                or lane_vote or early_weights or staged_p):
             raise ValueError(f"stages, pingpong, persistent, timeline, prefetch_queries, "
-                             f"deferred_stores, fma_exp2, lane_vote, early_weights, "
+                             f"deferred_stores, fma_exp2, lane_vote, early_weights, staged_p, "
                              f"prefetch_ranges, lean_loop, split_rings, producer_registers, "
                              f"split_halves and mbarriers "
                              f"apply to the producer kernel, but got stages={stages}, "
@@ -211,6 +213,7 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
                              f"prefetch_queries={prefetch_queries}, "
                              f"deferred_stores={deferred_stores}, fma_exp2={fma_exp2}, "
                              f"lane_vote={lane_vote}, early_weights={early_weights}, "
+                             f"staged_p={staged_p}, "
                              f"prefetch_ranges={prefetch_ranges}, lean_loop={lean_loop}, "
                              f"split_rings={split_rings}, "
                              f"producer_registers={producer_registers}, "
@@ -223,11 +226,11 @@ def prefill_tc_kernel(head_size, block_size, heads_per_block, block_n, dtype, la
     if (producer or swizzle or stages is not None or pingpong or persistent or lazy_rescale
             or timeline or prefetch_queries or prefetch_ranges or producer_registers is not None
             or split_halves or mbarriers or lean_loop or split_rings or deferred_stores
-            or fma_exp2 or lane_vote or early_weights):
+            or fma_exp2 or lane_vote or early_weights or staged_p):
         raise ValueError("producer=True, swizzle=True, stages, pingpong, persistent, "
                          "lazy_rescale=True, timeline=True, prefetch_queries=True, "
                          "deferred_stores=True, fma_exp2=True, lane_vote=True, "
-                         "early_weights=True, "
+                         "early_weights=True, staged_p=True, "
                          "prefetch_ranges=True, lean_loop=True, split_rings=True, "
                          "producer_registers, split_halves and mbarriers need wgmma=True")
     P = tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, num_warps,

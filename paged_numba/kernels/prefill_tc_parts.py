@@ -40,7 +40,7 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                m_tiles=1, split_k=False, core_matrices=False, fast_exp2=False,
                token_copies=False, q_in_regs=None, stages=DEFAULT_STAGES, copy_threads=None,
                guard=True, lazy_rescale=False, lean=False, fma_exp2=False, lane_vote=False,
-               early_weights=False):
+               early_weights=False, staged_p=False):
     """Constants and device functions of one tile specialisation.
 
     ``core_matrices`` lays the tiles out as ``wgmma`` core matrices (rows
@@ -74,6 +74,10 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
     kept maxima beside the lanes' own maxima, before the vote, into a second
     slot of the logits' array (``S_SLOTS`` 2, the weights in slot
     ``WSLOT`` 1), and kept where the vote passes (the same results).
+    ``staged_p``: the softmax packs the weights as P's A words at once, into
+    staging rows ``PB ..`` of the A words' array (``P_ROWS`` rows), which the
+    key loop copies to rows ``0 ..`` once the last tile's ``P V`` has landed
+    (the same results).
     """
     LEAN = bool(lean)
     D = head_size
@@ -145,6 +149,12 @@ def tile_parts(head_size, block_size, heads_per_block, block_n, dtype, layout, n
                          f"lane_vote={lane_vote}, m_tiles={m_tiles}")
     WSLOT = int(EARLY)
     S_SLOTS = 1 + WSLOT
+    # staged_p: P's A words packed by the softmax into rows PB.. of P_ROWS
+    STAGED = bool(staged_p)
+    if STAGED and MT != 1:
+        raise ValueError(f"staged_p needs one m-tile a warp, but got m_tiles={m_tiles}")
+    PB = PV_STEPS if STAGED else 0
+    P_ROWS = PV_STEPS + PB
     checked_, record_, clamped_ = ((checked_block, record_block, clamped_length) if guard else
                                    (checked_unchecked, record_nothing, clamped_unchecked))
     KV_HEAD_AXIS = {"nhd": 2, "vllm": 1, "hnd": 1, "interleaved": 3}[layout]

@@ -76,7 +76,7 @@ def product_parts(P, q_regs=False, split_rings=False):
     the joint ring."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
     pack, logits, tile_weights_rows, dtype = P.pack, P.logits, P.tile_weights_rows, P.dtype
-    WSLOT = P.WSLOT
+    STAGED, PB, pack_weights = P.STAGED, P.PB, P.pack_weights
     logits_masked = P.logits_masked
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
     # O: P from registers, V MN-major (next 8 keys D * 16 bytes on, next 8 dims 128)
@@ -179,31 +179,37 @@ def product_parts(P, q_regs=False, split_rings=False):
 
     @device_function
     def tile_weights(s, m, l_, alpha, pos, slope, kt, c, pos0, nq, kv_hi, causal, window,
-                     qscale, soft_cap, cap2, alibi, sc, plain):
+                     qscale, soft_cap, cap2, alibi, sc, plain, pa):
         """Logits, mask and softmax weights of the tile at keys ``kt ..`` (O
         untouched); ``plain``: the scale is left to the exponent's FFMA (``sc``)."""
         logits(s, pos, slope, kt, c, pos0, nq, kv_hi, causal, window, qscale, soft_cap, cap2,
                alibi, plain)
-        tile_weights_rows(s, m, l_, alpha, sc, 0)
+        tile_weights_rows(s, m, l_, alpha, sc, 0, pa)
 
     @device_function
     def tile_weights_masked(s, m, l_, alpha, pos, slope, kt, c, kv_hi, causal, window, qscale,
-                            soft_cap, cap2, alibi, sc, plain, masked):
+                            soft_cap, cap2, alibi, sc, plain, masked, pa):
         """:func:`tile_weights` with the tile's mask decided by the caller
         (``masked``, from ``mask_limits``: lean key loops)."""
         logits_masked(s, pos, slope, kt, c, kv_hi, causal, window, qscale, soft_cap, cap2,
                       alibi, plain, masked)
-        tile_weights_rows(s, m, l_, alpha, sc, 0)
+        tile_weights_rows(s, m, l_, alpha, sc, 0, pa)
 
     @device_function
     def pack_p(pa, s):
-        """The weights (slot ``WSLOT`` of ``s``) rounded to the cache dtype as
-        the A words of ``P V``."""
-        for ks in range(PV_STEPS):
-            pa[ks, 0] = pack(s[WSLOT, 2 * ks, 0], s[WSLOT, 2 * ks, 1])
-            pa[ks, 1] = pack(s[WSLOT, 2 * ks, 2], s[WSLOT, 2 * ks, 3])
-            pa[ks, 2] = pack(s[WSLOT, 2 * ks + 1, 0], s[WSLOT, 2 * ks + 1, 1])
-            pa[ks, 3] = pack(s[WSLOT, 2 * ks + 1, 2], s[WSLOT, 2 * ks + 1, 3])
+        """P's A words for the next ``P V``: the weights rounded to the cache
+        dtype (:func:`pack_weights`), or with ``staged_p`` the words the
+        softmax packed, copied from the staging rows."""
+        if STAGED:
+            # each word through a volatile move here, after the last P V's
+            # wait: forwarded, the words the softmax defines would be the next
+            # P V's operands, defined while the last one runs, and ptxas
+            # serialises every wgmma (its C7513)
+            for ks in range(PB):
+                for e in range(4):
+                    pa[ks, e] = uint32(wg.opaque(pa[PB + ks, e]))
+        else:
+            pack_weights(pa, s, 0)
 
     return SimpleNamespace(**{k: v for k, v in locals().items() if not k.startswith("__")})
 

@@ -96,7 +96,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                             merge_parts=False, lean_loop=False, q_in_regs=False,
                             split_rings=False, pdl=False, alternate_tiles=False,
                             deferred_stores=False, fma_exp2=False,
-                            lane_vote=False, early_weights=False):
+                            lane_vote=False, early_weights=False, staged_p=False):
     """Compile-time specialised warp-specialised prefill kernel: arguments,
     grid and outputs as for :func:`kernels.prefill_wgmma.prefill_wgmma_kernel`
     with ``num_warps`` consumer warps (4 or 8: one or two warpgroups; the
@@ -124,7 +124,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     ``lean_loop``, ``q_in_regs``, ``split_rings``, ``pdl``,
     ``alternate_tiles``) are described in :mod:`kernels.prefill_ws_options`,
     which checks their combinations; ``fma_exp2`` (with ``fast_exp2``),
-    ``lane_vote`` and ``early_weights`` (with ``lane_vote``) as for
+    ``lane_vote``, ``early_weights`` (with ``lane_vote``) and ``staged_p`` as for
     :func:`kernels.prefill_tc_parts.tile_parts`."""
     check_options(head_size, dtype, layout, num_warps, block_n, split_k, swizzle, stages,
                   pingpong, persistent, timeline, prefetch_queries, prefetch_ranges, kv_dtype,
@@ -144,7 +144,8 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
                    STAGES,
                    copy_threads=HALF if SPLIT_RINGS else PRODUCER_THREADS, guard=guard,
                    lazy_rescale=lazy_rescale, lean=lean_loop, fma_exp2=fma_exp2,
-                   lane_vote=lane_vote, early_weights=early_weights)
+                   lane_vote=lane_vote, early_weights=early_weights,
+                   staged_p=staged_p)
     ALIGN = 1024 if swizzle else 16
     if not P.STAGE_V:
         raise ValueError(f"the producer kernel copies values row by row: not for the {layout} "
@@ -153,7 +154,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
     W = product_parts(P, q_regs=Q_REGS, split_rings=SPLIT_RINGS)
     starts, load_q_words, KSTEPS = W.starts, W.load_q_words, P.KSTEPS
     D, PV_STEPS, NTILE_S, NTILE_O = P.D, P.PV_STEPS, P.NTILE_S, P.NTILE_O
-    S_SLOTS = P.S_SLOTS
+    S_SLOTS, P_ROWS = P.S_SLOTS, P.P_ROWS
     KV_HEAD_AXIS, SMEM_T = P.KV_HEAD_AXIS, P.SMEM_T
     load_queries, init_rows = P.load_warp_queries, P.init_rows
     store_staged, stage_rows, SPLIT = P.store_staged, P.stage_rows, P.SPLIT
@@ -327,7 +328,7 @@ def prefill_wgmma_ws_kernel(head_size, block_size, heads_per_block, block_n, dty
         cap2 = soft_cap * float32(LOG2E)
         s = cuda.local.array((S_SLOTS, NTILE_S, 4), float32)     # logits (and weights)
         o = cuda.local.array((1, NTILE_O, 4), float32)
-        pa = cuda.local.array((PV_STEPS, 4), uint32)      # P_{j-1} as A words
+        pa = cuda.local.array((P_ROWS, 4), uint32)        # P_{j-1} as A words (and P_j staged)
         qa = cuda.local.array((KSTEPS, 4), uint32)        # (Q_REGS) the queries as A words
         done = int32(0)
         par = int32(0)          # the query buffer of this item (PREFETCH: the items alternate)
