@@ -4,11 +4,15 @@ row sums and the rescale of O, on a tile's logits in registers; the part of
 (:mod:`.prefill_logits`) and ``P V``.
 
 :func:`softmax_parts` takes the namespace of one tile specialisation (its
-constants ``NTILE_S``, ``NTILE_O``, ``LEAN``, ``LAZY``, ``VOTE`` and
-``FMA_EVERY``, its ``exp2`` and ``quad_max``) and returns the device
-functions; the fragment conventions are those of :mod:`.prefill_tc_parts`
-(lane ``(r, c)`` holds, in n-tile ``i``, keys ``kt + 8 i + 2 c`` and ``+ 1``
-of rows ``r`` and ``r + 8``: row half ``h`` is row ``r + 8 h``).
+constants ``NTILE_S``, ``NTILE_O``, ``PV_STEPS``, ``LEAN``, ``LAZY``,
+``VOTE``, ``FMA_EVERY``, ``EARLY``, ``WSLOT``, ``STAGED`` and ``PB``, its
+``exp2``, ``quad_max`` and ``pack``) and returns the device functions; the
+fragment conventions are those of :mod:`.prefill_tc_parts` (lane ``(r, c)``
+holds, in n-tile ``i``, keys ``kt + 8 i + 2 c`` and ``+ 1`` of rows ``r``
+and ``r + 8``: row half ``h`` is row ``r + 8 h``). The logits of m-tile
+``t`` are ``s[t]``; the weights go to ``s[t + WSLOT]`` (``WSLOT`` 0: in
+place; 1 with ``early_weights``, whose weights are taken while the logits
+are still needed).
 """
 from types import SimpleNamespace
 
