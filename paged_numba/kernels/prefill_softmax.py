@@ -128,15 +128,12 @@ def softmax_parts(P):
         exp_weights(s, l_, sc, use, t, h)
 
     @device_function
-    def weights_half(s, m, l_, alpha, sc, t, h):
-        """:func:`softmax_half` without touching O: the factor O must be scaled by
-        goes to ``alpha[t, h]`` (1 where the row's maximum did not move), for
-        :func:`rescale_half` once the product that writes O has landed. With
-        ``lazy_rescale`` the maximum moves only when the tile's exceeds it by
-        more than ``RESCALE_SLACK``: the weights, up to ``2**RESCALE_SLACK``,
-        and the row sum are relative to the kept maximum, as O is, so most
-        tiles after the first leave ``alpha`` at 1 and O unscaled (the warp
-        vote in :func:`rescale_half` skips the multiplies)."""
+    def move_max(s, m, l_, alpha, sc, t, h):
+        """The running maximum of row half ``h`` of m-tile ``t`` with this
+        tile's logits; where it moves, the factor O must be scaled by goes to
+        ``alpha[t, h]`` (else 1) and the row sum is scaled by it. With
+        ``lazy_rescale`` it moves only when the tile's maximum exceeds it by
+        more than ``RESCALE_SLACK``. Returns the maximum before."""
         new = row_max(s, m, t, h)
         old = m[t, h]
         alpha[t, h] = float32(1.0)
@@ -148,6 +145,19 @@ def softmax_parts(P):
                 m[t, h] = new
         else:
             m[t, h] = new               # the same, or NaN (which the weights carry)
+        return old
+
+    @device_function
+    def weights_half(s, m, l_, alpha, sc, t, h):
+        """:func:`softmax_half` without touching O: the factor O must be scaled by
+        goes to ``alpha[t, h]`` (1 where the row's maximum did not move), for
+        :func:`rescale_half` once the product that writes O has landed. With
+        ``lazy_rescale`` the maximum moves only when the tile's exceeds it by
+        more than ``RESCALE_SLACK``: the weights, up to ``2**RESCALE_SLACK``,
+        and the row sum are relative to the kept maximum, as O is, so most
+        tiles after the first leave ``alpha`` at 1 and O unscaled (the warp
+        vote in :func:`rescale_half` skips the multiplies)."""
+        move_max(s, m, l_, alpha, sc, t, h)
         use = m[t, h] if m[t, h] != NEG_INF else float32(0.0)
         exp_weights(s, l_, sc, use, t, h)
 
@@ -160,16 +170,7 @@ def softmax_parts(P):
         turns NaN), or the row has none yet, they are taken again from the
         logits. The early weights thus stand on both sides of
         the vote, and no compiler moves them after it."""
-        new = row_max(s, m, t, h)
-        old = m[t, h]
-        alpha[t, h] = float32(1.0)
-        if new > old:
-            if not LAZY or (new - old) * sc > float32(RESCALE_SLACK):
-                alpha[t, h] = exp2((old - new) * sc)
-                l_[t, h] *= alpha[t, h]
-                m[t, h] = new
-        else:
-            m[t, h] = new
+        old = move_max(s, m, l_, alpha, sc, t, h)
         if m[t, h] == old and old != NEG_INF:
             l_[t, h] += early
         else:       # (a first tile's early weights, against -inf, go unused)
