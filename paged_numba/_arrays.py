@@ -113,6 +113,14 @@ def is_device_array(x):
     return cuda.is_cuda_array(x)
 
 
+def require_device(caller, **arrays):
+    """Raise a ``TypeError`` naming ``caller`` and the first of ``arrays``
+    (name: value) that is not a device array (:func:`is_device_array`)."""
+    for name, x in arrays.items():
+        if not is_device_array(x):
+            raise TypeError(f"{caller} needs device arrays, but {name} is {type(x).__name__}.")
+
+
 def as_device(x, name, stream=None):
     """Return ``(device_array, from_host)``: NumPy arrays are copied to the
     device, CUDA arrays (numba, PyTorch, CuPy, ...) are wrapped without a copy.

@@ -280,10 +280,8 @@ class DecodePlan:
     def _check(self, inputs, stream=0):
         query, block_tables, seq_lens, out, lse = inputs
         V.check_fp8_scale(self.cache, self.scale)         # k_scale may have changed since
-        for name, x in zip(("query", "block_tables", "seq_lens"), inputs):
-            if not _arrays.is_device_array(x):
-                raise TypeError(f"DecodePlan.run needs device arrays, but {name} is "
-                                f"{type(x).__name__}.")
+        _arrays.require_device("DecodePlan.run", query=query, block_tables=block_tables,
+                               seq_lens=seq_lens)
         q = _arrays.as_device(query, "query")[0]
         expect = (self.num_seqs, self.num_heads, self.cache.head_size)
         if V.shape_of(q) != expect:

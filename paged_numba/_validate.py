@@ -183,8 +183,11 @@ def padded_tables(block_tables, seq_lens, cache, validate, stream=0):
     kv_indices [nnz], kv_last_page_len [num_seqs])``) is converted to the
     padded ``[num_seqs, max_blocks]`` form on the host (``seq_lens`` may then
     be None: it follows from the CSR arrays; device CSR arrays are read on
-    numba stream ``stream``). Anything else is a padded table, returned as it is."""
+    numba stream ``stream``). Anything else is a padded table, returned as it is
+    (an empty list or tuple of rows as a ``[0, 0]`` table)."""
     if not is_csr(block_tables):
+        if isinstance(block_tables, (list, tuple)) and not len(block_tables):
+            block_tables = np.zeros((0, 0), np.int32)
         if seq_lens is None:
             raise ValueError("seq_lens is required with a padded block table (pass a CSR page "
                              "table as paged_numba.CSRTable(kv_indptr, kv_indices, "

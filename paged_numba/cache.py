@@ -183,7 +183,16 @@ class PagedKVCache:
     @classmethod
     def from_host(cls, key_cache, value_cache, layout="nhd", *, k_scale=None, v_scale=None):
         """A cache holding copies of host pools ``key_cache``/``value_cache`` in ``layout``
-        (for fp8 pools, the stored codes as ``ml_dtypes`` arrays, and their scales)."""
+        (for fp8 pools, the stored codes as ``ml_dtypes`` arrays, and their scales).
+
+        The pools' shapes are those of ``layout`` (:mod:`paged_numba.layouts`):
+        ``"nhd"`` key and value ``[num_blocks, block_size, num_kv_heads,
+        head_size]``; ``"vllm"`` key ``[num_blocks, num_kv_heads, head_size //
+        x, block_size, x]`` (``x = 16 // itemsize``), value ``[num_blocks,
+        num_kv_heads, head_size, block_size]``; ``"hnd"`` ``[num_blocks,
+        num_kv_heads, block_size, head_size]``; ``"interleaved"`` one pool
+        ``[num_blocks, 2, block_size, num_kv_heads, head_size]`` passed as
+        both. The geometry is read from them."""
         key_cache, value_cache = np.asarray(key_cache), np.asarray(value_cache)
         if key_cache.dtype != value_cache.dtype:
             raise ValueError(

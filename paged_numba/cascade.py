@@ -315,6 +315,8 @@ class CascadeDecodePlan:
             :attr:`lse` ``[num_seqs, num_heads]`` float32 holds the
             log-sum-exps over prefix and suffix unless ``lse`` is given.
         """
+        _arrays.require_device("CascadeDecodePlan.run", query=query, block_tables=block_tables,
+                               seq_lens=seq_lens)
         handle = _launch.stream_handle(stream)
         if self._prefix is None:
             return self._suffix.run(query, block_tables, seq_lens, out=out, lse=lse,

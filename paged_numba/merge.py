@@ -21,7 +21,9 @@ def merge_states(v, s, *, out=None, lse=None, stream=None, validate=True):
     v : array, ``[num_rows, num_states, num_heads, head_size]``
         float16, float32 or bfloat16 partial outputs.
     s : array of float32, ``[num_rows, num_states, num_heads]``
-        Their log-sum-exps; ``-inf`` marks an empty state.
+        Their log-sum-exps; ``-inf`` marks an empty state (its weight is 0,
+        but its ``v`` must still be finite: ``0 * NaN`` is NaN, as in the
+        float64 merge).
     out : array, ``[num_rows, num_heads, head_size]``, optional
         Write the merged output here (``v``'s dtype, C-contiguous; a NumPy
         array for NumPy ``v``, else a device array) and return it.

@@ -272,6 +272,9 @@ class PrefillPlan:
         ----------
         query : device array, ``[total_q, num_heads, head_size]``
         block_tables : device array of int32, ``[num_seqs, max_blocks]``
+            Either may also be a host array (``block_tables`` a list of rows):
+            it is copied to the device and the launch packed again at every
+            call, as for any new buffer; keep device buffers to replay.
         out : device array, ``[total_q, num_heads, head_size]``, optional
             Write the output here (the cache's dtype, C-contiguous, sharing no
             memory with the query) and return it.
@@ -455,7 +458,12 @@ def paged_prefill(query, cache, block_tables, cu_seqlens_q, seq_lens=None, causa
     Arguments are checked as in :func:`paged_numba.paged_decode` (``causal``,
     ``return_lse`` and ``validate`` must be bools). NaN and Inf in the data
     give what the float64 reference gives (:mod:`paged_numba.reference`): a
-    masked key's value reaches no output.
+    masked key's value reaches no output on CUDA cores. The tensor-core
+    kernels (the default on fp16 and bf16) follow that rule for queries and
+    keys but not for values: they multiply a tile of weights by a tile of
+    values in one product, so a NaN or ``inf`` in a value reaches, as NaN
+    (``0 * NaN``), the rows of its tile that do not attend it (a causal
+    diagonal tile's later keys, a partial tile's padding).
 
     Examples
     --------

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from numba import cuda
 from hypothesis import strategies as st
 
 import paged_numba as pn
@@ -188,6 +189,11 @@ def test_bad_query_and_scale(no_launch):
         pn.CascadeDecodePlan(cache, [0, 1], 6, num_seqs=-2, num_heads=2, max_blocks=1)
     with pytest.raises(ValueError, match=r"num_heads must be at most 65535, but got 2147483648\."):
         pn.CascadeDecodePlan(cache, [0, 1], 6, num_seqs=2, num_heads=2**31, max_blocks=1)
+    plan = pn.CascadeDecodePlan(cache, [0, 1], 6, num_seqs=2, num_heads=2, max_blocks=1)
+    with pytest.raises(TypeError, match="CascadeDecodePlan.run needs device arrays, but query "
+                                        "is ndarray"):   # (its own name, not DecodePlan's)
+        plan.run(np.zeros((2, 2, 8), np.float16), cuda.to_device(GOOD["block_tables"]),
+                 cuda.to_device(GOOD["seq_lens"]))
     q = np.zeros((2, 2, 8), np.float16)
     for kw, message in [
             (dict(scale=10**400), r"scale must be at most 2\.359e\+38 in magnitude"),

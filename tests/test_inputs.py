@@ -59,6 +59,15 @@ def test_three_row_list_is_a_padded_table(cache, query, decoded):
         pn.paged_decode(query, cache, TABLE, None)
 
 
+@pytest.mark.parametrize("empty", [[], ()])
+def test_empty_list_table_is_an_empty_batch(cache, empty):
+    """An empty list or tuple of rows is a table of no sequences, as an empty
+    ``[0, k]`` array is: decode and prefill return an empty output."""
+    q = np.zeros((0, 2, 16), np.float32)
+    assert pn.paged_decode(q, cache, empty, empty).shape == (0, 2, 16)
+    assert pn.paged_prefill(q, cache, empty, [0], empty).shape == (0, 2, 16)
+
+
 def test_csr_table_of_lists_and_of_arrays(cache, query, decoded):
     csr = pt.padded_to_csr(TABLE, LENS, BLOCK_SIZE)
     assert isinstance(csr, pn.CSRTable)

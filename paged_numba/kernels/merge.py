@@ -14,7 +14,11 @@ to all states at once. Empty states (``s = -inf``) weigh nothing; a row with
 only empty states gets zeros and ``-inf``. Non-finite log-sum-exps follow the
 float64 spec (``numpy.max`` propagates NaN): a NaN state, or a ``+inf`` one
 (``exp(inf - inf)`` is NaN), makes the row's output and log-sum-exp NaN; a
-NaN in ``v[i, k, h, d]`` of a state that takes part makes ``out[i, h, d]`` NaN.
+NaN in ``v[i, k, h, d]`` makes ``out[i, h, d]`` NaN, even where state ``k``
+is empty (its weight is 0, and ``0 * NaN`` is NaN, as in the float64
+spec): an empty state's ``v`` must be finite (zeros,
+as the split-K kernels write), not an unwritten buffer, unless every state
+of the row is empty (then nothing is read).
 
 ``v`` is read and ``out`` written through ``codec`` (``convert.py``), so either
 may hold bfloat16 bit patterns (``uint16``).
