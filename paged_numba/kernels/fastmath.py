@@ -73,15 +73,15 @@ if config.ENABLE_CUDASIM:
         return a * b + c
 
 else:
+    from llvmlite import ir
     from numba import cuda
+    from numba.cuda.extending import intrinsic
 
     from .convert import device_function
 
     @device_function
     def fma(a, b, c):
         return cuda.fma(a, b, c)
-    from llvmlite import ir
-    from numba.cuda.extending import intrinsic
 
     def _float_asm(name, text):
         """An intrinsic ``name(x) -> float32`` running PTX ``text`` on a
