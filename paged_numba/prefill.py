@@ -202,8 +202,7 @@ class PrefillPlan:
                 # (the lean loop, the default's, not yet checked on a GPU with fp8 pools)
                 # (and without the head size 128 default's lazy rescaling and vote)
                 options = {"wgmma": True, "producer": True, "lean_loop": False,
-                           "lazy_rescale": False, "lane_vote": False, "early_weights": False,
-                           **options}
+                           "lazy_rescale": False, "lane_vote": False, **options}
                 max_q = None
             *tiling, defaults = tc_tiling(
                 cache, group, max_q, heads_per_block, block_q, block_n, num_warps,

@@ -75,7 +75,7 @@ def product_parts(P, q_regs=False, split_rings=False):
     one of the V ring (:mod:`kernels.prefill_split_ring`), not a stage of
     the joint ring."""
     D, BN, NCH, KSTEPS, PV_STEPS, KV_OFF = P.D, P.BN, P.NCH, P.KSTEPS, P.PV_STEPS, P.KV_OFF
-    pack, logits, tile_weights_rows, dtype = P.pack, P.logits, P.tile_weights_rows, P.dtype
+    logits, tile_weights_rows, dtype = P.logits, P.tile_weights_rows, P.dtype
     STAGED, PB, pack_weights = P.STAGED, P.PB, P.pack_weights
     logits_masked = P.logits_masked
     # S: Q and K K-major (next 16-byte chunk 128 bytes on, next 8 rows D * 16);
